@@ -1,0 +1,288 @@
+"""The GEM aggregator: consume gradients in batches, apply a rule, commit each batch once.
+
+One batch, top to bottom: a fenced XREADGROUP (only the lease holder may read) -> decode and
+validate every message -> apply the valid ones one by one, in arrival order, to theta in
+memory -> one atomic commit of parameters, head, XACK, metrics and counters. A crash between
+read and commit leaves the batch unacknowledged; the next leader re-reads it from the group's
+pending list and applies it: every gradient is applied exactly once, or rejected with a
+reason. Only numpy here: the aggregator does not need torch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gemq import codec
+from gemq.config import RunConfig
+from gemq.errors import CodecError, FencedError
+from gemq.keys import is_valid_worker_id
+from gemq.layout import ParamLayout
+from gemq.rules import Rule, make_rule, median_sample
+from gemq.snapshots import SnapshotHistory
+from gemq.store import ENDED, FINISHED, STOPPED, CommitPlan, RunStore, now_ms
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_WORKER = "unknown"
+
+
+@dataclass(frozen=True)
+class AggregatorOptions:
+    #: The lease expires this long (ms) after the leader's last read or commit.
+    lease_ms: int = 5000
+    #: How long (ms) an idle leader blocks waiting for gradients before re-checking.
+    idle_block_ms: int = 200
+    #: How often (s) a standby tries to take the lease.
+    standby_poll_s: float = 0.5
+
+
+@dataclass
+class BatchTally:
+    """What one batch did, accumulated while its entries are processed."""
+
+    applied: int = 0
+    samples: int = 0
+    loss_sum: float = 0.0
+    e_central: float = 0.0
+    e_proxy: float = 0.0
+    median_pi_sum: float = 0.0
+    staleness_sum: int = 0
+    staleness_max: int = 0
+    counters: dict[str, int] = field(default_factory=dict)
+    workers: dict[str, tuple[dict[str, object], dict[str, int]]] = field(default_factory=dict)
+
+    def _worker(self, worker_id: str) -> tuple[dict[str, object], dict[str, int]]:
+        return self.workers.setdefault(worker_id, ({}, {}))
+
+    def count(self, name: str, worker_id: str | None = None) -> None:
+        self.counters[name] = self.counters.get(name, 0) + 1
+        if worker_id is not None:
+            incr = self._worker(worker_id)[1]
+            incr[name] = incr.get(name, 0) + 1
+
+    def applied_update(self, msg: codec.GradientMessage, staleness: int, median_pi: float,
+                       e_central: float, e_proxy: float) -> None:
+        self.applied += 1
+        self.samples += msg.samples
+        self.loss_sum += msg.loss * msg.samples
+        self.e_central += e_central
+        self.e_proxy += e_proxy
+        self.median_pi_sum += median_pi
+        self.staleness_sum += staleness
+        self.staleness_max = max(self.staleness_max, staleness)
+        self.count("applied", msg.worker_id)
+        fields, incr = self._worker(msg.worker_id)
+        fields.update(last_staleness=staleness, last_update_ms=now_ms(),
+                      last_loss=f"{msg.loss:.6g}")
+        incr["staleness_sum"] = incr.get("staleness_sum", 0) + staleness
+
+    def metrics(self, updates: int, active_workers: int,
+                pi_tensors: list[float]) -> dict[str, object]:
+        n = max(self.applied, 1)
+        ratio = self.e_central / self.e_proxy if self.e_proxy > 0 else float("nan")
+        return {
+            "t_ms": now_ms(), "updates": updates, "applied": self.applied,
+            "rejected": sum(v for k, v in self.counters.items() if k.startswith("rejected:")),
+            "loss": f"{self.loss_sum / max(self.samples, 1):.6g}",
+            "energy_ratio": f"{ratio:.6g}", "median_pi": f"{self.median_pi_sum / n:.6g}",
+            "staleness_mean": f"{self.staleness_sum / n:.4g}",
+            "staleness_max": self.staleness_max, "active_workers": active_workers,
+            "pi_tensors": json.dumps([round(p, 5) for p in pi_tensors]),
+        }
+
+
+class Leader:
+    """The state of the aggregator while it holds the lease: theta, rule, history."""
+
+    def __init__(self, store: RunStore, config: RunConfig, layout: ParamLayout) -> None:
+        head = store.head()
+        params = store.snapshot(head.version)
+        if params is None:
+            raise RuntimeError(f"run {store.run_id}: parameters of version {head.version} "
+                               "are missing from Redis (was Redis restarted without "
+                               "persistence?)")
+        self.config = config
+        self.layout = layout
+        self.theta = params.copy()  # writeable float32, the central variable
+        self.updates = head.updates
+        self.version = head.version
+        self.last_id = head.last_id
+        self.history = SnapshotHistory(config.history, store.kept_versions(), store.snapshot)
+        self.rule: Rule = make_rule(config, layout.size)
+        self.expected = codec.Expected(config.run_id, layout.layout_id, layout.size,
+                                       config.wire_dtype, config.max_message_bytes)
+        self._drift = np.empty(layout.size, np.float32)
+        self._last_heard: dict[str, float] = {}
+        self._logged: set[tuple[str, str]] = set()
+
+    @property
+    def budget_spent(self) -> bool:
+        return self.updates >= self.config.budget_updates
+
+    def process(self, entries: list[tuple[str, bytes | None, str | None]]) -> CommitPlan:
+        """Apply a batch in arrival order; return what must be committed."""
+        tally = BatchTally()
+        for _entry_id, message, sender in entries:
+            if self.budget_spent:
+                tally.count("unused", sender)
+                continue
+            self._process_one(message, sender, tally)
+        self.last_id = entries[-1][0] if entries else self.last_id
+        return self._plan(tally, [e[0] for e in entries])
+
+    def _process_one(self, message: bytes | None, sender: str | None,
+                     tally: BatchTally) -> None:
+        try:
+            msg = codec.decode(message if message is not None else b"", self.expected)
+            if sender is not None and sender != msg.worker_id:
+                raise CodecError(codec.BAD_HEADER, f"header worker {msg.worker_id!r} "
+                                                   f"differs from sender {sender!r}")
+            staleness, snapshot = self._snapshot_for(msg.param_version)
+        except CodecError as e:
+            self._reject(e, sender or UNKNOWN_WORKER, tally)
+            return
+        np.subtract(self.theta, snapshot, out=self._drift)
+        stats = self.rule.apply(self.theta, msg.gradient, self._drift, msg.worker_id,
+                                staleness)
+        self.updates += 1
+        self._last_heard[msg.worker_id] = time.monotonic()
+        tally.applied_update(msg, staleness, stats.median_pi, stats.e_central, stats.e_proxy)
+
+    def _snapshot_for(self, version: int) -> tuple[int, np.ndarray]:
+        if version > self.version:
+            raise CodecError(codec.FUTURE_VERSION, f"version {version} was never published "
+                                                   f"(newest is {self.version})")
+        staleness = self.updates - version
+        snapshot = self.history.get(version)
+        if staleness > self.config.max_staleness or snapshot is None:
+            raise CodecError(codec.TOO_STALE, f"computed on version {version}, {staleness} "
+                                              "updates ago")
+        return staleness, snapshot
+
+    def _reject(self, error: CodecError, worker_id: str, tally: BatchTally) -> None:
+        tally.count(f"rejected:{error.reason}", worker_id)
+        if (worker_id, error.reason) not in self._logged:
+            self._logged.add((worker_id, error.reason))
+            log.warning("run %s: rejected a gradient from %s: %s (logged once per worker "
+                        "and reason)", self.config.run_id, worker_id, error)
+
+    def _plan(self, tally: BatchTally, ack: list[str]) -> CommitPlan:
+        publish = tally.applied > 0
+        dropped: list[int] = []
+        if publish:
+            self.version = self.updates
+            dropped = self.history.add(self.version, self.theta)
+        self._expire_silent_workers()
+        metrics = tally.metrics(self.updates, len(self.rule.workers), self._pi_tensors())
+        return CommitPlan(version=self.version, updates=self.updates, last_id=self.last_id,
+                          ack=ack, publish=publish, drop=dropped,
+                          metrics=metrics if publish else {}, counters=tally.counters,
+                          workers=tally.workers)
+
+    def _pi_tensors(self) -> list[float]:
+        scale = self.rule.last_scale()
+        return [median_sample(scale[t.slice]) for t in self.layout.tensors]
+
+    def _expire_silent_workers(self) -> None:
+        cutoff = time.monotonic() - self.config.worker_timeout_s
+        for worker_id, heard in list(self._last_heard.items()):
+            if heard < cutoff:
+                log.info("run %s: worker %s silent for %.0fs; dropping its state",
+                         self.config.run_id, worker_id, self.config.worker_timeout_s)
+                self.rule.forget(worker_id)
+                del self._last_heard[worker_id]
+
+
+class Aggregator:
+    """Lead a run until its budget is spent or a stop is requested; stand by otherwise."""
+
+    def __init__(self, store: RunStore, options: AggregatorOptions | None = None) -> None:
+        self.store = store
+        self.options = options or AggregatorOptions()
+        self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+    def run(self, shutdown: threading.Event | None = None) -> str:
+        """Return the run's final state, or "shutdown" when asked to leave early."""
+        shutdown = shutdown or threading.Event()
+        config, layout = self.store.config(), self.store.layout()
+        try:
+            while not shutdown.is_set():
+                state = self.store.state()
+                if state in ENDED:
+                    log.info("run %s is %s; nothing to do", config.run_id, state)
+                    return state
+                if not self._wait_for_lease(shutdown):
+                    break
+                try:
+                    return self._lead(Leader(self.store, config, layout), shutdown)
+                except FencedError:
+                    log.warning("run %s: lost the lease (paused too long?); standing by",
+                                config.run_id)
+            return "shutdown"
+        finally:
+            self.store.release_lease(self.token)
+
+    def _wait_for_lease(self, shutdown: threading.Event) -> bool:
+        announced = False
+        while not shutdown.is_set():
+            if self.store.acquire_lease(self.token, self.options.lease_ms):
+                log.info("run %s: leading as %s", self.store.run_id, self.token)
+                return True
+            if not announced:
+                log.info("run %s: another aggregator holds the lease; standing by",
+                         self.store.run_id)
+                announced = True
+            shutdown.wait(self.options.standby_poll_s)
+        return False
+
+    def _lead(self, leader: Leader, shutdown: threading.Event) -> str:
+        opts = self.options
+        self.store.mark_running(self.token)
+        start, last_seen = "0", leader.last_id
+        while True:
+            stop, raw = self.store.fenced_read(self.token, opts.lease_ms,
+                                               leader.config.read_batch, start)
+            entries = [(entry_id, _field(f, b"m"), _sender(f)) for entry_id, f in raw]
+            if not entries and not stop:
+                if start == "0":
+                    start = ">"  # the pending entries inherited from a previous leader are done
+                    continue
+                if shutdown.is_set():
+                    return "shutdown"
+                self.store.wait_for_gradients(last_seen, opts.idle_block_ms)
+                continue
+            plan = leader.process(entries)
+            final = FINISHED if leader.budget_spent else STOPPED if stop else None
+            if final:
+                plan.status = {"state": final, "ended_ms": now_ms()}
+            self.store.commit(self.token, opts.lease_ms, plan, leader.theta)
+            last_seen = entries[-1][0] if entries else last_seen
+            if final:
+                log.info("run %s %s after %d updates", leader.config.run_id, final,
+                         leader.updates)
+                return final
+            if shutdown.is_set():
+                return "shutdown"
+
+
+def _field(fields: dict[bytes, bytes] | None, name: bytes) -> bytes | None:
+    return None if fields is None else fields.get(name)
+
+
+def _sender(fields: dict[bytes, bytes] | None) -> str | None:
+    """The worker id the entry was published under, when it is a valid one."""
+    raw = _field(fields, b"w")
+    try:
+        sender = raw.decode() if raw is not None else None
+    except UnicodeDecodeError:
+        return None
+    return sender if sender is not None and is_valid_worker_id(sender) else None

@@ -1,0 +1,165 @@
+"""Wire format of a gradient message, and its validation.
+
+A message is two msgpack objects back to back:
+
+1. a header array ``[format, run_id, worker_id, param_version, samples, loss, dtype,
+   layout_id]``;
+2. a msgpack ``bin`` holding the flat little-endian gradient (float32, or float16 when the run
+   asks for it).
+
+Decoding reads the header with msgpack and the ``bin`` length by hand, so the gradient is a
+``numpy.frombuffer`` view of the message bytes: no copy. There is no pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from gemq.errors import CodecError
+from gemq.keys import is_valid_worker_id
+
+FORMAT_VERSION = 1
+WIRE_DTYPES = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2")}
+#: Bytes of message allowed beyond the payload (the header is about 100 bytes).
+HEADER_ALLOWANCE = 64 * 1024
+_HEADER_FIELDS = 8
+_MAX_VERSION = 2**62
+
+# Rejection reasons; each one is a counter in Redis (counters hash, per worker too).
+MALFORMED = "malformed"
+TOO_LARGE = "too_large"
+BAD_FORMAT = "bad_format"
+BAD_HEADER = "bad_header"
+WRONG_RUN = "wrong_run"
+WRONG_LAYOUT = "wrong_layout"
+WRONG_DTYPE = "wrong_dtype"
+WRONG_LENGTH = "wrong_length"
+NON_FINITE = "non_finite"
+TOO_STALE = "too_stale"
+FUTURE_VERSION = "future_version"
+REASONS = (MALFORMED, TOO_LARGE, BAD_FORMAT, BAD_HEADER, WRONG_RUN, WRONG_LAYOUT,
+           WRONG_DTYPE, WRONG_LENGTH, NON_FINITE, TOO_STALE, FUTURE_VERSION)
+
+
+@dataclass(frozen=True)
+class GradientMessage:
+    run_id: str
+    worker_id: str
+    param_version: int
+    samples: int
+    loss: float
+    dtype: str
+    layout_id: str
+    gradient: np.ndarray  # read-only view into the message bytes
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a message must match to be accepted for a run."""
+
+    run_id: str
+    layout_id: str
+    size: int
+    dtype: str = "float32"
+    max_bytes: int = 0  # 0: payload size + HEADER_ALLOWANCE
+
+    @property
+    def byte_limit(self) -> int:
+        payload = self.size * WIRE_DTYPES[self.dtype].itemsize
+        return self.max_bytes or payload + HEADER_ALLOWANCE
+
+
+def encode(*, run_id: str, worker_id: str, param_version: int, samples: int, loss: float,
+           layout_id: str, gradient: np.ndarray, dtype: str = "float32") -> bytes:
+    """Encode one gradient; ``gradient`` is flat and is cast to the wire dtype."""
+    payload = np.ascontiguousarray(gradient, dtype=WIRE_DTYPES[dtype]).tobytes()
+    header = [FORMAT_VERSION, run_id, worker_id, int(param_version), int(samples),
+              float(loss), dtype, layout_id]
+    return msgpack.packb(header) + msgpack.packb(payload, use_bin_type=True)
+
+
+def decode(message: bytes, expected: Expected) -> GradientMessage:
+    """Decode and validate; raises CodecError with one of REASONS, never anything else."""
+    if not isinstance(message, bytes | bytearray | memoryview):
+        raise CodecError(MALFORMED, f"message is {type(message).__name__}, not bytes")
+    if len(message) > expected.byte_limit:
+        raise CodecError(TOO_LARGE, f"{len(message)} bytes > limit {expected.byte_limit}")
+    header, offset = _read_header(message)
+    fields = _check_header(header, expected)
+    payload = _read_bin(message, offset)
+    wire_dtype = WIRE_DTYPES[fields["dtype"]]
+    itemsize = wire_dtype.itemsize
+    if len(payload) != expected.size * itemsize:
+        raise CodecError(WRONG_LENGTH, f"{len(payload)} payload bytes, expected "
+                                       f"{expected.size * itemsize}")
+    gradient = np.frombuffer(payload, dtype=wire_dtype)
+    gradient.flags.writeable = False  # a view of the message: never to be written through
+    if not np.isfinite(gradient).all():
+        raise CodecError(NON_FINITE, "gradient holds NaN or Inf")
+    return GradientMessage(**fields, gradient=gradient)
+
+
+def _read_header(message: bytes | bytearray | memoryview) -> tuple[list[object], int]:
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=len(message) or 1,
+                                max_array_len=_HEADER_FIELDS, max_map_len=0,
+                                max_str_len=256, max_bin_len=0, strict_map_key=True)
+    unpacker.feed(message)
+    try:
+        header = unpacker.unpack()
+    except Exception as e:  # msgpack raises a zoo of types on garbage; all mean one thing
+        raise CodecError(MALFORMED, f"header is not valid msgpack ({type(e).__name__})") from e
+    if not isinstance(header, list) or len(header) != _HEADER_FIELDS:
+        raise CodecError(MALFORMED, "header is not an array of 8 fields")
+    return header, unpacker.tell()
+
+
+def _check_header(header: list[object], expected: Expected) -> dict[str, Any]:
+    fmt, run_id, worker_id, version, samples, loss, dtype, layout_id = header
+    if not _is_int(fmt, FORMAT_VERSION, FORMAT_VERSION):
+        raise CodecError(BAD_FORMAT, f"format version {fmt!r}, this reader speaks "
+                                     f"{FORMAT_VERSION}")
+    if not isinstance(worker_id, str) or not is_valid_worker_id(worker_id):
+        raise CodecError(BAD_HEADER, f"worker id {worker_id!r} is not a valid id")
+    if not _is_int(version, 0, _MAX_VERSION) or not _is_int(samples, 1, 2**31):
+        raise CodecError(BAD_HEADER, f"param_version {version!r} or samples {samples!r} "
+                                     "out of range")
+    if not isinstance(loss, float | int) or isinstance(loss, bool) or not math.isfinite(loss):
+        raise CodecError(BAD_HEADER, f"loss {loss!r} is not a finite number")
+    if run_id != expected.run_id:
+        raise CodecError(WRONG_RUN, f"message for run {run_id!r}, expected "
+                                    f"{expected.run_id!r}")
+    if layout_id != expected.layout_id:
+        raise CodecError(WRONG_LAYOUT, f"layout {layout_id!r}, expected {expected.layout_id!r}")
+    if dtype != expected.dtype:
+        raise CodecError(WRONG_DTYPE, f"dtype {dtype!r}, this run expects {expected.dtype!r}")
+    return {"run_id": run_id, "worker_id": worker_id, "param_version": version,
+            "samples": samples, "loss": float(loss), "dtype": dtype, "layout_id": layout_id}
+
+
+def _is_int(value: object, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+_BIN_HEADERS = {0xC4: ">B", 0xC5: ">H", 0xC6: ">I"}
+
+
+def _read_bin(message: bytes | bytearray | memoryview, offset: int) -> memoryview:
+    """The msgpack bin object at ``offset``, as a view; it must end the message."""
+    view = memoryview(message)
+    if offset >= len(view) or view[offset] not in _BIN_HEADERS:
+        raise CodecError(MALFORMED, "gradient payload is missing or not a msgpack bin")
+    length_format = _BIN_HEADERS[view[offset]]
+    start = offset + 1 + struct.calcsize(length_format)
+    if start > len(view):
+        raise CodecError(MALFORMED, "gradient payload header is truncated")
+    (length,) = struct.unpack_from(length_format, view, offset + 1)
+    if start + length != len(view):
+        raise CodecError(MALFORMED, f"payload declares {length} bytes, message holds "
+                                    f"{len(view) - start}")
+    return view[start:start + length]

@@ -1,0 +1,68 @@
+"""Opening Redis connections: bounded, logged retries and errors that name the server."""
+
+from __future__ import annotations
+
+import logging
+import time
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from gemq.errors import RedisUnavailable
+
+log = logging.getLogger(__name__)
+
+#: Errors after which a command is retried on a fresh connection.
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
+    redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced by ``***``, for logs and error messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    netloc = f"{user}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def connect(url: str, *, wait_s: float = 30.0, socket_timeout_s: float = 30.0) -> redis.Redis:
+    """A client for ``url`` (redis://, rediss:// or unix://, password and ACL user included).
+
+    Waits up to ``wait_s`` for the server to answer PING, retrying with capped exponential
+    backoff and one log line per attempt; then raises RedisUnavailable naming the URL.
+    Commands on the returned client retry transient connection errors the same way, so a
+    Redis restart costs a pause, not a crash.
+    """
+    try:
+        client = redis.Redis.from_url(
+            url, socket_connect_timeout=5, socket_timeout=socket_timeout_s,
+            retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=8),
+            retry_on_error=list(TRANSIENT_ERRORS), health_check_interval=30)
+    except ValueError as e:
+        raise RedisUnavailable(f"invalid Redis URL {redact(url)!r}: {e}") from e
+    wait_until_ready(client, url, wait_s)
+    return client
+
+
+def wait_until_ready(client: redis.Redis, url: str, wait_s: float) -> None:
+    deadline = time.monotonic() + wait_s
+    delay, attempt = 0.1, 0
+    while True:
+        attempt += 1
+        try:
+            client.ping()
+            return
+        except redis.AuthenticationError as e:
+            raise RedisUnavailable(f"Redis at {redact(url)} refused the credentials: {e}") from e
+        except (*TRANSIENT_ERRORS, OSError) as e:
+            if time.monotonic() + delay > deadline:
+                raise RedisUnavailable(
+                    f"cannot reach Redis at {redact(url)} after {attempt} attempts: {e}") from e
+            log.warning("Redis at %s not reachable (%s); retrying in %.1fs",
+                        redact(url), e, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)

@@ -1,0 +1,101 @@
+"""Every Redis key and stream name gemq uses, built from one template per kind.
+
+All keys of a run share the prefix ``gemq:{<run>}:`` whose braces are a Redis Cluster hash
+tag: a run lives in one slot, so the aggregator's commit script may touch all of them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+WORKER_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
+
+#: Index of every run, across runs (not part of any run's slot).
+RUNS_INDEX = "gemq:runs"
+#: The consumer group the aggregators read the gradient stream through.
+AGGREGATOR_GROUP = "aggregators"
+#: One consumer name shared by every aggregator of a run: only the lease holder reads, and a
+#: new leader inherits the pending entries of the one it replaced.
+AGGREGATOR_CONSUMER = "leader"
+
+
+def is_valid_run_id(run_id: str) -> bool:
+    return bool(RUN_ID_PATTERN.fullmatch(run_id))
+
+
+def is_valid_worker_id(worker_id: str) -> bool:
+    return bool(WORKER_ID_PATTERN.fullmatch(worker_id))
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    """The key names of one run."""
+
+    run_id: str
+
+    @property
+    def prefix(self) -> str:
+        return f"gemq:{{{self.run_id}}}:"
+
+    def _key(self, name: str) -> str:
+        return self.prefix + name
+
+    @property
+    def config(self) -> str:
+        """JSON run configuration (string)."""
+        return self._key("config")
+
+    @property
+    def layout(self) -> str:
+        """JSON parameter layout: names, shapes, offsets (string)."""
+        return self._key("layout")
+
+    @property
+    def status(self) -> str:
+        """Run lifecycle hash: state, error, stop_requested, timestamps."""
+        return self._key("status")
+
+    @property
+    def head(self) -> str:
+        """Hash: version (updates applied), last applied stream id, fencing epoch."""
+        return self._key("head")
+
+    def params(self, version: int) -> str:
+        """Immutable float32 parameter snapshot published at ``version``."""
+        return self._key(f"params:{version}")
+
+    @property
+    def versions(self) -> str:
+        """Sorted set of the versions whose snapshots are still kept."""
+        return self._key("versions")
+
+    @property
+    def gradients(self) -> str:
+        """The gradient stream workers XADD to."""
+        return self._key("gradients")
+
+    @property
+    def metrics(self) -> str:
+        """Capped stream of one entry per committed batch."""
+        return self._key("metrics")
+
+    @property
+    def counters(self) -> str:
+        """Hash of run totals: published, applied, rejected:<reason>."""
+        return self._key("counters")
+
+    @property
+    def workers(self) -> str:
+        """Set of the worker ids that have taken part in the run."""
+        return self._key("workers")
+
+    def worker(self, worker_id: str) -> str:
+        """Hash of one worker's state: heartbeat, steps, staleness, rejections."""
+        return self._key(f"worker:{worker_id}")
+
+    @property
+    def lease(self) -> str:
+        """The aggregator lease: holds the leader's token, expires unless renewed."""
+        return self._key("lease")

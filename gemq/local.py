@@ -1,0 +1,214 @@
+"""All-in-one local training: Redis, one aggregator and n worker processes on this machine.
+
+``train()`` is what ``gemq run`` calls; from Python::
+
+    summary = gemq.train(model="cnn", dataset="mnist5k", workers=4, epochs=10)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gemq.aggregator import Aggregator, AggregatorOptions
+from gemq.config import RunConfig
+from gemq.connection import connect, redact
+from gemq.data import load_dataset
+from gemq.embedded import EmbeddedRedis
+from gemq.errors import GemqError
+from gemq.evaluate import evaluate, load_flat, save_state_dict
+from gemq.models import build_model
+from gemq.progress import ProgressDisplay
+from gemq.runs import budget_for, create_run, new_run_id
+from gemq.specs import spec_of
+from gemq.store import FINISHED, RunStore
+from gemq.summary import run_totals, write_json
+from gemq.worker import WorkerOptions, run_workers
+
+log = logging.getLogger(__name__)
+
+ModelSpec = str | Callable[[], torch.nn.Module]
+DatasetSpec = str | Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class LocalOptions:
+    workers: int = 4
+    #: Logical workers hosted by each worker process (threads).
+    workers_per_process: int = 1
+    redis_url: str | None = None
+    out_dir: Path | None = None
+    progress: bool = True
+    device: str = "cpu"
+    lease_ms: int = 5000
+
+
+def train(*, model: ModelSpec = "cnn", dataset: DatasetSpec = "mnist5k", workers: int = 4,
+          epochs: float | None = None, steps: int | None = None,
+          redis_url: str | None = None, out_dir: str | Path | None = None,
+          progress: bool = True, device: str = "cpu", workers_per_process: int = 1,
+          **settings: Any) -> dict[str, Any]:
+    """Train locally and return the run summary (also written to ``out_dir``).
+
+    ``model`` and ``dataset`` are built-in names, ``module:factory`` specs, or importable
+    callables. ``settings`` are RunConfig fields (algo, lr, momentum, kappa, batch_size...).
+    """
+    run_id = settings.pop("run_id", None) or new_run_id()
+    config = RunConfig.from_dict({"run_id": run_id, "model": _spec(model, "model"),
+                                  "dataset": _spec(dataset, "dataset"), **settings})
+    data = load_dataset(config.dataset)
+    budget = steps or budget_for(epochs if epochs is not None else 10, data,
+                                 config.batch_size)
+    config = config.replace(budget_updates=budget)
+    options = LocalOptions(workers=workers, workers_per_process=workers_per_process,
+                           redis_url=redis_url,
+                           out_dir=Path(out_dir) if out_dir else None,
+                           progress=progress, device=device)
+    return run_local(config, options)
+
+
+def _spec(value: ModelSpec | DatasetSpec, what: str) -> str:
+    return value if isinstance(value, str) else spec_of(value)
+
+
+def run_local(config: RunConfig, options: LocalOptions) -> dict[str, Any]:
+    if options.workers < 1:
+        raise GemqError(f"workers must be at least 1, got {options.workers}")
+    started = time.monotonic()
+    with _redis(options.redis_url) as url:
+        client = connect(url)
+        try:
+            store = create_run(client, config)
+            _supervise(url, store, config, options)
+            summary = run_totals(store)
+            summary["redis"] = "embedded" if options.redis_url is None else redact(url)
+            _, params = store.latest()
+        finally:
+            client.close()
+    summary["wall_time_s"] = round(time.monotonic() - started, 3)
+    return _finish(config, options, params, summary)
+
+
+@contextlib.contextmanager
+def _redis(url: str | None) -> Iterator[str]:
+    if url:
+        yield url
+        return
+    with EmbeddedRedis() as server:
+        log.info("started a private redis-server on port %d", server.port)
+        yield server.url
+
+
+def _supervise(url: str, store: RunStore, config: RunConfig, options: LocalOptions) -> None:
+    """Start the processes, show progress, and wait for the aggregator to end the run."""
+    context = mp.get_context("spawn")
+    aggregator = context.Process(target=aggregator_main, name="gemq-aggregator",
+                                 args=(url, config.run_id, options.lease_ms))
+    workers = [context.Process(target=worker_main, name=f"gemq-worker-{i}",
+                               args=(url, config.run_id, ids, options.device))
+               for i, ids in enumerate(_worker_groups(config.run_id, options))]
+    processes: list[BaseProcess] = [aggregator, *workers]
+    display = ProgressDisplay(store, config.budget_updates, enabled=options.progress)
+    try:
+        for process in processes:
+            process.start()
+        while aggregator.is_alive():
+            aggregator.join(0.25)
+            display.poll()
+            if not any(w.is_alive() for w in workers) and aggregator.is_alive():
+                raise GemqError("every worker process exited before the run finished; "
+                                f"codes: {[w.exitcode for w in workers]}")
+        display.close()
+        if aggregator.exitcode != 0 or store.state() != FINISHED:
+            raise GemqError(f"the aggregator ended with code {aggregator.exitcode}, run state "
+                            f"{store.state()!r}; see the log above")
+        for worker in workers:
+            worker.join(30)
+    finally:
+        display.bar.close()
+        _terminate(processes)
+
+
+def _worker_groups(run_id: str, options: LocalOptions) -> list[list[str]]:
+    ids = [f"{run_id}-w{i}" for i in range(options.workers)]
+    size = max(1, options.workers_per_process)
+    return [ids[i:i + size] for i in range(0, len(ids), size)]
+
+
+def _terminate(processes: list[BaseProcess]) -> None:
+    processes = [p for p in processes if p.pid is not None]  # those that were started
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(10)
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
+def _finish(config: RunConfig, options: LocalOptions, params: Any,
+            summary: dict[str, Any]) -> dict[str, Any]:
+    data = load_dataset(config.dataset)
+    model = build_model(config.model, data.in_features, data.num_classes)
+    load_flat(model, params)
+    summary["train_loss"], summary["train_accuracy"] = evaluate(model, data.train)
+    summary["test_loss"], summary["test_accuracy"] = evaluate(model, data.test)
+    summary["parameters"] = int(sum(p.numel() for p in model.parameters()))
+    summary["test_samples"] = len(data.test)  # type: ignore[arg-type]
+    summary["workers"] = options.workers
+    summary["config"] = config.__dict__
+    wall = summary["wall_time_s"]
+    summary["updates_per_s"] = round(summary["updates_applied"] / wall, 2) if wall else None
+    out = options.out_dir or Path("runs") / config.run_id
+    summary["model_path"] = str(save_state_dict(model, out / "model.pt"))
+    summary["summary_path"] = str(out / "summary.json")
+    write_json(summary, out / "summary.json")
+    return summary
+
+
+# --- process entry points (module level so that "spawn" can import them) ---------------
+
+def _graceful(shutdown: threading.Event) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and tells us
+    signal.signal(signal.SIGTERM, lambda *_: shutdown.set())
+
+
+def aggregator_main(url: str, run_id: str, lease_ms: int) -> None:
+    shutdown = threading.Event()
+    _graceful(shutdown)
+    _log_to_stderr()
+    client = connect(url)
+    try:
+        Aggregator(RunStore(client, run_id), AggregatorOptions(lease_ms=lease_ms)).run(shutdown)
+    finally:
+        client.close()
+
+
+def worker_main(url: str, run_id: str, worker_ids: list[str], device: str) -> None:
+    shutdown = threading.Event()
+    _graceful(shutdown)
+    _log_to_stderr()
+    torch.set_num_threads(1)  # many workers share few cores: one thread each
+    client = connect(url)
+    try:
+        run_workers(RunStore(client, run_id), worker_ids, WorkerOptions(device=device),
+                    shutdown)
+    finally:
+        client.close()
+
+
+def _log_to_stderr() -> None:
+    logging.basicConfig(level=logging.WARNING,
+                        format="%(asctime)s %(processName)s %(levelname)s %(message)s")

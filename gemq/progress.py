@@ -1,0 +1,43 @@
+"""Live progress of a run on the terminal, read from the run's metrics stream."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+from tqdm import tqdm
+
+from gemq.store import RunStore
+
+
+class ProgressDisplay:
+    """A tqdm bar over updates applied, with loss, energy ratio and staleness beside it."""
+
+    def __init__(self, store: RunStore, total: int, enabled: bool = True) -> None:
+        self.store = store
+        self.last_id = "0-0"
+        self.loss = math.nan
+        self.bar = tqdm(total=total, unit="upd", dynamic_ncols=True, disable=not enabled,
+                        file=sys.stderr, desc=store.run_id, smoothing=0.1,
+                        bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} "
+                                   "[{elapsed}<{remaining}, {rate_fmt}] {postfix}")
+
+    def poll(self) -> None:
+        """Advance the bar by what was committed since the last poll."""
+        rows = self.store.metrics_since(self.last_id)
+        if not rows:
+            return
+        self.last_id = rows[-1][0]
+        for _, row in rows:
+            loss = float(row["loss"])
+            self.loss = loss if math.isnan(self.loss) else 0.9 * self.loss + 0.1 * loss
+        last = rows[-1][1]
+        self.bar.set_postfix_str(
+            f"loss={self.loss:.3f} energy={float(last['energy_ratio']):.2f} "
+            f"tau={float(last['staleness_mean']):.1f} pi={float(last['median_pi']):.2f} "
+            f"workers={last['active_workers']}", refresh=False)
+        self.bar.update(int(last["updates"]) - self.bar.n)
+
+    def close(self) -> None:
+        self.poll()
+        self.bar.close()

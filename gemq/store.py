@@ -1,0 +1,284 @@
+"""The Redis side of a run: every command gemq sends goes through RunStore.
+
+Parameters are published as immutable snapshots ``params:<version>`` where the version is the
+number of updates applied so far; ``head`` names the newest. A reader can therefore never get
+a parameter vector with the wrong version: the version is part of the key.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+import redis
+
+from gemq import scripts
+from gemq.config import RunConfig
+from gemq.errors import FencedError, RunNotFound
+from gemq.keys import AGGREGATOR_CONSUMER, AGGREGATOR_GROUP, RUNS_INDEX, RunKeys
+from gemq.layout import ParamLayout
+
+#: Run lifecycle states, as stored in the status hash.
+CREATED, RUNNING, STOPPING, FINISHED, STOPPED, FAILED = (
+    "created", "running", "stopping", "finished", "stopped", "failed")
+ENDED = (FINISHED, STOPPED, FAILED)
+Fields = dict[bytes, bytes]
+#: Metrics entries kept per run (approximately: trimming is lazy).
+METRICS_MAXLEN = 20_000
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class Head:
+    version: int
+    updates: int
+    last_id: str
+
+
+@dataclass
+class CommitPlan:
+    """Everything one aggregator batch writes, in one atomic step."""
+
+    version: int
+    updates: int
+    last_id: str
+    ack: list[str]
+    publish: bool = True
+    drop: list[int] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
+    #: worker id -> (fields to set, fields to increment)
+    workers: dict[str, tuple[dict[str, Any], dict[str, int]]] = field(default_factory=dict)
+    status: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """What a worker needs to know before each step, read in one round trip."""
+
+    version: int
+    pending: int
+    state: str
+
+
+class RunStore:
+    """Typed access to one run's keys; the connection is passed in and owned by the caller."""
+
+    def __init__(self, client: redis.Redis, run_id: str) -> None:
+        self.client = client
+        self.keys = RunKeys(run_id)
+        self._read = client.register_script(scripts.FENCED_READ)
+        self._commit = client.register_script(scripts.COMMIT)
+        self._release = client.register_script(scripts.RELEASE)
+
+    @property
+    def run_id(self) -> str:
+        return self.keys.run_id
+
+    # --- creation and static run data ---------------------------------------------------
+
+    def create(self, config: RunConfig, layout: ParamLayout, params: np.ndarray) -> None:
+        """Write a new run: config, layout, version-0 parameters, empty stream and group."""
+        k = self.keys
+        if self.client.exists(k.config):
+            raise FileExistsError(f"run {self.run_id!r} already exists")
+        pipe = self.client.pipeline(transaction=True)
+        pipe.set(k.config, config.to_json())
+        pipe.set(k.layout, layout.to_json())
+        pipe.set(k.params(0), as_f32_bytes(params))
+        pipe.zadd(k.versions, {"0": 0})
+        pipe.hset(k.head, mapping={"version": 0, "updates": 0, "last_id": "0-0"})
+        pipe.hset(k.status, mapping={"state": CREATED, "created_ms": now_ms()})
+        pipe.xgroup_create(k.gradients, AGGREGATOR_GROUP, id="0", mkstream=True)
+        pipe.zadd(RUNS_INDEX, {self.run_id: now_ms()})
+        pipe.execute()
+
+    def exists(self) -> bool:
+        return bool(self.client.exists(self.keys.config))
+
+    def config(self) -> RunConfig:
+        raw = self.client.get(self.keys.config)
+        if raw is None:
+            raise RunNotFound(f"no run {self.run_id!r} in Redis")
+        return RunConfig.from_json(raw)
+
+    def layout(self) -> ParamLayout:
+        raw = self.client.get(self.keys.layout)
+        if raw is None:
+            raise RunNotFound(f"no run {self.run_id!r} in Redis")
+        return ParamLayout.from_json(raw)
+
+    # --- parameters -------------------------------------------------------------------
+
+    def head(self) -> Head:
+        version, updates, last_id = self.client.hmget(
+            self.keys.head, ["version", "updates", "last_id"])
+        if version is None:
+            raise RunNotFound(f"no run {self.run_id!r} in Redis")
+        return Head(int(version), int(updates), last_id.decode())
+
+    def snapshot(self, version: int) -> np.ndarray | None:
+        """The parameters published at ``version``, or None once they were dropped."""
+        raw = self.client.get(self.keys.params(version))
+        return None if raw is None else np.frombuffer(raw, dtype="<f4")
+
+    def latest(self) -> tuple[int, np.ndarray]:
+        """The newest (version, parameters) pair."""
+        while True:
+            version = self.head().version
+            params = self.snapshot(version)
+            if params is not None:  # else it was superseded and dropped between the reads
+                return version, params
+
+    def kept_versions(self) -> list[int]:
+        return [int(v) for v in self.client.zrange(self.keys.versions, 0, -1)]
+
+    # --- status -----------------------------------------------------------------------
+
+    def status(self) -> dict[str, str]:
+        raw = self.client.hgetall(self.keys.status)
+        if not raw:
+            raise RunNotFound(f"no run {self.run_id!r} in Redis")
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    def state(self) -> str:
+        return self.status()["state"]
+
+    def mark_running(self, leader: str) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hset(self.keys.status, mapping={"state": RUNNING, "leader": leader})
+        pipe.hsetnx(self.keys.status, "started_ms", now_ms())
+        pipe.execute()
+
+    def set_status(self, **fields: Any) -> None:
+        self.client.hset(self.keys.status, mapping=fields)
+
+    def request_stop(self) -> None:
+        self.client.hset(self.keys.status, "stop_requested", now_ms())
+
+    def counters(self) -> dict[str, int]:
+        raw = self.client.hgetall(self.keys.counters)
+        return {k.decode(): int(v) for k, v in raw.items()}
+
+    # --- the worker's side ------------------------------------------------------------
+
+    def worker_view(self) -> WorkerView:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hget(self.keys.head, "version")
+        pipe.xlen(self.keys.gradients)
+        pipe.hget(self.keys.status, "state")
+        version, pending, state = pipe.execute()
+        if version is None or state is None:
+            raise RunNotFound(f"no run {self.run_id!r} in Redis")
+        return WorkerView(int(version), int(pending), state.decode())
+
+    def publish_gradient(self, worker_id: str, message: bytes) -> str:
+        """XADD one gradient and count it, atomically (so published counts are exact)."""
+        k = self.keys
+        pipe = self.client.pipeline(transaction=True)
+        pipe.xadd(k.gradients, {"w": worker_id, "m": message})
+        pipe.hincrby(k.counters, "published", 1)
+        pipe.hincrby(k.worker(worker_id), "steps", 1)
+        pipe.hset(k.worker(worker_id), "heartbeat_ms", now_ms())
+        pipe.sadd(k.workers, worker_id)
+        entry_id = pipe.execute()[0]
+        return str(entry_id.decode())
+
+    def heartbeat(self, worker_id: str) -> None:
+        self.client.hset(self.keys.worker(worker_id), "heartbeat_ms", now_ms())
+
+    def worker_states(self) -> dict[str, dict[str, str]]:
+        ids = sorted(w.decode() for w in self.client.smembers(self.keys.workers))
+        pipe = self.client.pipeline(transaction=False)
+        for worker_id in ids:
+            pipe.hgetall(self.keys.worker(worker_id))
+        return {worker_id: {k.decode(): v.decode() for k, v in raw.items()}
+                for worker_id, raw in zip(ids, pipe.execute(), strict=True)}
+
+    # --- the aggregator's side ----------------------------------------------------------
+
+    def acquire_lease(self, token: str, lease_ms: int) -> bool:
+        return bool(self.client.set(self.keys.lease, token, nx=True, px=lease_ms))
+
+    def release_lease(self, token: str) -> None:
+        self._release(keys=[self.keys.lease], args=[token])
+
+    def fenced_read(self, token: str, lease_ms: int, count: int,
+                    start: str = ">") -> tuple[bool, list[tuple[str, Fields | None]]]:
+        """Read a batch through the consumer group, if we still hold the lease.
+
+        ``start`` is ">" for new entries or "0" for those delivered but never acknowledged
+        (a previous leader's batch). Returns (stop requested, [(id, fields)]); the fields
+        are None for an entry that was deleted while pending.
+        """
+        k = self.keys
+        try:
+            stop, reply = self._read(
+                keys=[k.lease, k.gradients, k.status],
+                args=[token, lease_ms, AGGREGATOR_GROUP, AGGREGATOR_CONSUMER, count, start])
+        except redis.ResponseError as e:
+            raise _fenced_or(e) from e
+        return stop is not None, _entries(reply)
+
+    def wait_for_gradients(self, after_id: str, timeout_ms: int) -> None:
+        """Block until the stream has an entry newer than ``after_id`` (or the timeout)."""
+        self.client.xread({self.keys.gradients: after_id}, count=1, block=timeout_ms)
+
+    def commit(self, token: str, lease_ms: int, plan: CommitPlan, params: np.ndarray) -> None:
+        k = self.keys
+        worker_ids = list(plan.workers)
+        keys = [k.lease, k.head, k.versions, k.gradients, k.metrics, k.counters, k.workers,
+                k.status, k.params(plan.version)]
+        keys += [k.params(v) for v in plan.drop] + [k.worker(w) for w in worker_ids]
+        encoded = msgpack.packb({
+            "version": str(plan.version), "updates": str(plan.updates),
+            "last_id": plan.last_id, "group": AGGREGATOR_GROUP, "ack": plan.ack,
+            "publish": plan.publish, "n_drop": len(plan.drop),
+            "drop": [str(v) for v in plan.drop],
+            "metrics": _flatten(plan.metrics), "metrics_maxlen": str(METRICS_MAXLEN),
+            "counters": plan.counters, "status": _flatten(plan.status),
+            "workers": [{"id": w, "set": _flatten(plan.workers[w][0]),
+                         "incr": plan.workers[w][1]} for w in worker_ids],
+        })
+        payload = as_f32_bytes(params) if plan.publish else b""
+        try:
+            self._commit(keys=keys, args=[token, lease_ms, payload, encoded])
+        except redis.ResponseError as e:
+            raise _fenced_or(e) from e
+
+    def unconsumed(self, after_id: str, limit: int = 100_000) -> int:
+        """Entries in the stream newer than ``after_id``: published but not yet read."""
+        return len(self.client.xrange(self.keys.gradients, min=f"({after_id}", count=limit))
+
+    def metrics_since(self, after_id: str = "0-0",
+                      count: int = 1000) -> list[tuple[str, dict[str, str]]]:
+        rows = self.client.xrange(self.keys.metrics, min=f"({after_id}", count=count)
+        return [(i.decode(), {k.decode(): v.decode() for k, v in f.items()}) for i, f in rows]
+
+
+def as_f32_bytes(params: np.ndarray) -> bytes:
+    return np.ascontiguousarray(params, dtype="<f4").tobytes()
+
+
+def _flatten(mapping: dict[str, Any]) -> list[str]:
+    return [str(x) for pair in mapping.items() for x in pair]
+
+
+def _entries(reply: Any) -> list[tuple[str, Fields | None]]:
+    """Parse a raw XREADGROUP reply (scripts return it unparsed)."""
+    if not reply:
+        return []
+    (_stream, rows), = reply
+    return [(entry_id.decode(),
+             dict(zip(fields[::2], fields[1::2], strict=True)) if fields else None)
+            for entry_id, fields in rows]
+
+
+def _fenced_or(error: redis.ResponseError) -> Exception:
+    return FencedError(str(error)) if str(error).startswith("FENCED") else error

@@ -1,0 +1,127 @@
+"""The worker: stateless. Read parameters when they change, compute a gradient, publish it.
+
+A worker keeps nothing the run needs: it can be killed at any moment and a new one started
+under any id. GEM's per-worker state lives in the aggregator.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from gemq import codec
+from gemq.config import RunConfig
+from gemq.data import DataSplit, load_dataset, minibatches, worker_seed
+from gemq.errors import GemqError
+from gemq.evaluate import load_flat
+from gemq.models import build_model, layout_of
+from gemq.store import ENDED, RunStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    device: str = "cpu"
+    #: While the stream is over its bound, check again after this long (s).
+    backpressure_poll_s: float = 0.005
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise GemqError(f"--device {name}: CUDA is not available on this machine")
+    return torch.device(name)
+
+
+class Worker:
+    """One logical worker of one run."""
+
+    def __init__(self, store: RunStore, worker_id: str, config: RunConfig, data: DataSplit,
+                 options: WorkerOptions | None = None) -> None:
+        self.store = store
+        self.worker_id = worker_id
+        self.config = config
+        self.options = options or WorkerOptions()
+        self.device = resolve_device(self.options.device)
+        self.layout_id = store.layout().layout_id
+        self.model = self._build_model(data)
+        self.batches = minibatches(data.train, config.batch_size,
+                                   worker_seed(config.seed, worker_id))
+        self.steps = 0
+
+    def _build_model(self, data: DataSplit) -> nn.Module:
+        model = build_model(self.config.model, data.in_features, data.num_classes)
+        if layout_of(model).layout_id != self.layout_id:
+            raise GemqError(f"model {self.config.model!r} does not match the parameter layout "
+                            f"of run {self.config.run_id!r}")
+        return model.to(self.device).train()
+
+    def run(self, shutdown: threading.Event) -> int:
+        """Work until the run ends or ``shutdown`` is set; return the steps published."""
+        version = -1
+        while not shutdown.is_set():
+            view = self.store.worker_view()
+            if view.state in ENDED:
+                break
+            if view.pending >= self.config.max_pending:
+                shutdown.wait(self.options.backpressure_poll_s)  # backpressure
+                continue
+            if view.version != version:
+                version, params = self.store.latest()
+                load_flat(self.model, params)
+            loss, gradient = self._gradient(self.batches)
+            message = codec.encode(
+                run_id=self.config.run_id, worker_id=self.worker_id, param_version=version,
+                samples=self.config.batch_size, loss=loss, layout_id=self.layout_id,
+                gradient=gradient, dtype=self.config.wire_dtype)
+            self.store.publish_gradient(self.worker_id, message)
+            self.steps += 1
+        return self.steps
+
+    def _gradient(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
+                  ) -> tuple[float, np.ndarray]:
+        x, y = next(batches)
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        self.model.zero_grad(set_to_none=True)
+        loss = nn.functional.nll_loss(self.model(x), y)
+        loss.backward()
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p)
+                 for p in self.model.parameters()]
+        flat = torch.cat([g.reshape(-1) for g in grads]).detach().cpu().numpy()
+        return float(loss), flat
+
+
+def run_workers(store: RunStore, worker_ids: list[str], options: WorkerOptions,
+                shutdown: threading.Event) -> dict[str, int]:
+    """Host several logical workers of one run in this process, one thread each."""
+    config = store.config()
+    data = load_dataset(config.dataset)
+    workers = [Worker(store, worker_id, config, data, options) for worker_id in worker_ids]
+    if len(workers) == 1:
+        return {worker_ids[0]: workers[0].run(shutdown)}
+    steps: dict[str, int] = {}
+    errors: list[BaseException] = []
+
+    def work(worker: Worker) -> None:
+        try:
+            steps[worker.worker_id] = worker.run(shutdown)
+        except BaseException as e:  # stop the siblings, then re-raise in the caller
+            errors.append(e)
+            shutdown.set()
+
+    threads = [threading.Thread(target=work, args=(w,), name=w.worker_id) for w in workers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return steps
