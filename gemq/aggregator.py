@@ -23,9 +23,11 @@ import numpy as np
 
 from gemq import codec
 from gemq.config import RunConfig
+from gemq.connection import connect
 from gemq.errors import CodecError, FencedError
 from gemq.keys import is_valid_worker_id
 from gemq.layout import ParamLayout
+from gemq.process import graceful_shutdown, setup_logging
 from gemq.rules import Rule, make_rule, median_sample
 from gemq.snapshots import SnapshotHistory
 from gemq.store import ENDED, FINISHED, STOPPED, CommitPlan, RunStore, now_ms
@@ -231,6 +233,12 @@ class Aggregator:
         finally:
             self.store.release_lease(self.token)
 
+    @property
+    def _idle_block_ms(self) -> int:
+        # Redis wakes blocked clients on a ~100 ms timer, so a block may last 100 ms longer
+        # than asked: keep it well inside the lease, which the next read renews.
+        return max(1, min(self.options.idle_block_ms, self.options.lease_ms // 4))
+
     def _wait_for_lease(self, shutdown: threading.Event) -> bool:
         announced = False
         while not shutdown.is_set():
@@ -258,7 +266,7 @@ class Aggregator:
                     continue
                 if shutdown.is_set():
                     return "shutdown"
-                self.store.wait_for_gradients(last_seen, opts.idle_block_ms)
+                self.store.wait_for_gradients(last_seen, self._idle_block_ms)
                 continue
             plan = leader.process(entries)
             final = FINISHED if leader.budget_spent else STOPPED if stop else None
@@ -286,3 +294,14 @@ def _sender(fields: dict[bytes, bytes] | None) -> str | None:
     except UnicodeDecodeError:
         return None
     return sender if sender is not None and is_valid_worker_id(sender) else None
+
+
+def aggregator_main(url: str, run_id: str, lease_ms: int) -> None:
+    """Entry point of a local aggregator process (numpy only: no torch is imported)."""
+    shutdown = graceful_shutdown(ignore_sigint=True)
+    setup_logging(logging.WARNING)
+    client = connect(url)
+    try:
+        Aggregator(RunStore(client, run_id), AggregatorOptions(lease_ms=lease_ms)).run(shutdown)
+    finally:
+        client.close()

@@ -44,17 +44,19 @@ def connect(url: str, *, wait_s: float = 30.0, socket_timeout_s: float = 30.0) -
             retry_on_error=list(TRANSIENT_ERRORS), health_check_interval=30)
     except ValueError as e:
         raise RedisUnavailable(f"invalid Redis URL {redact(url)!r}: {e}") from e
-    wait_until_ready(client, url, wait_s)
+    wait_until_ready(url, wait_s)
     return client
 
 
-def wait_until_ready(client: redis.Redis, url: str, wait_s: float) -> None:
+def wait_until_ready(url: str, wait_s: float) -> None:
+    """PING ``url`` until it answers, with a log line per failed attempt."""
     deadline = time.monotonic() + wait_s
     delay, attempt = 0.1, 0
     while True:
         attempt += 1
         try:
-            client.ping()
+            with redis.Redis.from_url(url, socket_connect_timeout=2) as probe:
+                probe.ping()
             return
         except redis.AuthenticationError as e:
             raise RedisUnavailable(f"Redis at {redact(url)} refused the credentials: {e}") from e

@@ -10,8 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing as mp
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,7 +19,7 @@ from typing import Any
 
 import torch
 
-from gemq.aggregator import Aggregator, AggregatorOptions
+from gemq.aggregator import aggregator_main
 from gemq.config import RunConfig
 from gemq.connection import connect, redact
 from gemq.data import load_dataset
@@ -34,9 +32,13 @@ from gemq.runs import budget_for, create_run, new_run_id
 from gemq.specs import spec_of
 from gemq.store import FINISHED, RunStore
 from gemq.summary import run_totals, write_json
-from gemq.worker import WorkerOptions, run_workers
+from gemq.worker import worker_main
 
 log = logging.getLogger(__name__)
+
+#: Worker processes yield the CPU to the aggregator and Redis: on a machine with fewer cores
+#: than processes, a starved aggregator lets the stream back up and staleness grow.
+LOCAL_WORKER_NICENESS = 5
 
 ModelSpec = str | Callable[[], torch.nn.Module]
 DatasetSpec = str | Callable[[], Any]
@@ -116,7 +118,8 @@ def _supervise(url: str, store: RunStore, config: RunConfig, options: LocalOptio
     aggregator = context.Process(target=aggregator_main, name="gemq-aggregator",
                                  args=(url, config.run_id, options.lease_ms))
     workers = [context.Process(target=worker_main, name=f"gemq-worker-{i}",
-                               args=(url, config.run_id, ids, options.device))
+                               args=(url, config.run_id, ids, options.device,
+                                     LOCAL_WORKER_NICENESS))
                for i, ids in enumerate(_worker_groups(config.run_id, options))]
     processes: list[BaseProcess] = [aggregator, *workers]
     display = ProgressDisplay(store, config.budget_updates, enabled=options.progress)
@@ -176,39 +179,3 @@ def _finish(config: RunConfig, options: LocalOptions, params: Any,
     summary["summary_path"] = str(out / "summary.json")
     write_json(summary, out / "summary.json")
     return summary
-
-
-# --- process entry points (module level so that "spawn" can import them) ---------------
-
-def _graceful(shutdown: threading.Event) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and tells us
-    signal.signal(signal.SIGTERM, lambda *_: shutdown.set())
-
-
-def aggregator_main(url: str, run_id: str, lease_ms: int) -> None:
-    shutdown = threading.Event()
-    _graceful(shutdown)
-    _log_to_stderr()
-    client = connect(url)
-    try:
-        Aggregator(RunStore(client, run_id), AggregatorOptions(lease_ms=lease_ms)).run(shutdown)
-    finally:
-        client.close()
-
-
-def worker_main(url: str, run_id: str, worker_ids: list[str], device: str) -> None:
-    shutdown = threading.Event()
-    _graceful(shutdown)
-    _log_to_stderr()
-    torch.set_num_threads(1)  # many workers share few cores: one thread each
-    client = connect(url)
-    try:
-        run_workers(RunStore(client, run_id), worker_ids, WorkerOptions(device=device),
-                    shutdown)
-    finally:
-        client.close()
-
-
-def _log_to_stderr() -> None:
-    logging.basicConfig(level=logging.WARNING,
-                        format="%(asctime)s %(processName)s %(levelname)s %(message)s")

@@ -7,6 +7,7 @@ under any id. GEM's per-worker state lives in the aggregator.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,11 +18,13 @@ from torch import nn
 
 from gemq import codec
 from gemq.config import RunConfig
+from gemq.connection import connect
 from gemq.data import DataSplit, load_dataset, minibatches, worker_seed
 from gemq.errors import GemqError
 from gemq.evaluate import load_flat
 from gemq.models import build_model, layout_of
-from gemq.store import ENDED, RunStore
+from gemq.process import graceful_shutdown, setup_logging
+from gemq.store import CREATED, ENDED, RunStore
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +74,9 @@ class Worker:
             view = self.store.worker_view()
             if view.state in ENDED:
                 break
+            if view.state == CREATED:  # no aggregator yet: gradients would only go stale
+                shutdown.wait(self.options.backpressure_poll_s * 20)
+                continue
             if view.pending >= self.config.max_pending:
                 shutdown.wait(self.options.backpressure_poll_s)  # backpressure
                 continue
@@ -96,7 +102,7 @@ class Worker:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p)
                  for p in self.model.parameters()]
         flat = torch.cat([g.reshape(-1) for g in grads]).detach().cpu().numpy()
-        return float(loss), flat
+        return float(loss.detach()), flat
 
 
 def run_workers(store: RunStore, worker_ids: list[str], options: WorkerOptions,
@@ -125,3 +131,19 @@ def run_workers(store: RunStore, worker_ids: list[str], options: WorkerOptions,
     if errors:
         raise errors[0]
     return steps
+
+
+def worker_main(url: str, run_id: str, worker_ids: list[str], device: str,
+                niceness: int = 0) -> None:
+    """Entry point of a local worker process hosting ``worker_ids``."""
+    shutdown = graceful_shutdown(ignore_sigint=True)
+    setup_logging(logging.WARNING)
+    if niceness:
+        os.nice(niceness)
+    torch.set_num_threads(1)  # many workers share few cores: one thread each
+    client = connect(url)
+    try:
+        run_workers(RunStore(client, run_id), worker_ids, WorkerOptions(device=device),
+                    shutdown)
+    finally:
+        client.close()

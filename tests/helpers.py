@@ -1,0 +1,72 @@
+"""Helpers shared by tests: small runs on a real Redis, synthetic gradients, processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import redis
+
+from gemq import codec
+from gemq.config import RunConfig
+from gemq.layout import ParamLayout
+from gemq.store import RunStore
+
+SMALL_LAYOUT = ParamLayout.from_shapes([("w", (8, 4)), ("b", (4,))])
+
+
+def small_run(client: redis.Redis, run_id: str = "t1", **settings: object) -> RunStore:
+    """A run over SMALL_LAYOUT with zero initial parameters."""
+    config = RunConfig.from_dict({"run_id": run_id, **settings})
+    store = RunStore(client, run_id)
+    store.create(config, SMALL_LAYOUT, np.zeros(SMALL_LAYOUT.size, np.float32))
+    return store
+
+
+def gradient_message(store: RunStore, worker_id: str, gradient: np.ndarray,
+                     version: int | None = None, **overrides: object) -> bytes:
+    fields: dict[str, object] = {
+        "run_id": store.run_id, "worker_id": worker_id,
+        "param_version": store.head().version if version is None else version,
+        "samples": 8, "loss": 1.0, "layout_id": SMALL_LAYOUT.layout_id, "gradient": gradient}
+    fields.update(overrides)
+    return codec.encode(**fields)  # type: ignore[arg-type]
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 30.0,
+             what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.02)
+
+
+class GemqProcess:
+    """``python -m gemq ARGS`` as a child process; its output goes to a temporary file."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.log = tempfile.NamedTemporaryFile(prefix="gemq-proc-", suffix=".log")
+        self.process = subprocess.Popen([sys.executable, "-m", "gemq", *args],
+                                        stdout=self.log, stderr=subprocess.STDOUT, env=env)
+
+    def output(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")
+
+    def send_signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.process.wait(timeout)
+
+    def stop(self) -> None:
+        """Kill the process if it still runs, and release its log."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()

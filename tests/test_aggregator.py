@@ -1,0 +1,200 @@
+"""The aggregator against a real Redis: exactly-once, fencing, validation, lifecycle."""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+
+import numpy as np
+import pytest
+import redis
+
+from gemq import codec
+from gemq.aggregator import Aggregator, AggregatorOptions, Leader
+from gemq.embedded import EmbeddedRedis
+from gemq.errors import FencedError
+from gemq.store import FINISHED, STOPPED, RunStore
+from tests.helpers import SMALL_LAYOUT, GemqProcess, gradient_message, small_run, wait_for
+
+FAST = AggregatorOptions(lease_ms=400, idle_block_ms=50, standby_poll_s=0.05)
+
+
+def run_in_thread(store: RunStore, options: AggregatorOptions = FAST
+                  ) -> tuple[threading.Thread, threading.Event, list[str]]:
+    result: list[str] = []
+    shutdown = threading.Event()
+    thread = threading.Thread(target=lambda: result.append(Aggregator(store, options)
+                                                           .run(shutdown)))
+    thread.start()
+    return thread, shutdown, result
+
+
+def params(store: RunStore) -> np.ndarray:
+    return store.latest()[1]
+
+
+def test_downpour_applies_each_gradient_once(redis_client: redis.Redis) -> None:
+    # DOWNPOUR sums -lr * g: the final parameters prove every gradient was applied once.
+    store = small_run(redis_client, algo="downpour", lr=0.5, budget_updates=40)
+    rng = np.random.default_rng(1)
+    grads = [rng.standard_normal(SMALL_LAYOUT.size).astype(np.float32) for _ in range(40)]
+    for i, g in enumerate(grads):
+        store.publish_gradient(f"w{i % 3}", gradient_message(store, f"w{i % 3}", g))
+    thread, _, result = run_in_thread(store)
+    thread.join(30)
+    assert result == [FINISHED]
+    np.testing.assert_allclose(params(store), -0.5 * np.sum(grads, axis=0), rtol=1e-5,
+                               atol=1e-5)
+    assert store.counters() == {"published": 40, "applied": 40}
+    assert store.head().version == 40
+
+
+def test_rejected_messages_never_touch_parameters(redis_client: redis.Redis) -> None:
+    store = small_run(redis_client, budget_updates=1, max_staleness=2)
+    good = np.ones(SMALL_LAYOUT.size, np.float32)
+    bad_values = good.copy()
+    bad_values[3] = np.nan
+    store.publish_gradient("w1", b"\x93garbage")
+    store.publish_gradient("w1", gradient_message(store, "w1", good, run_id="other"))
+    store.publish_gradient("w2", gradient_message(store, "w2", good, version=7))
+    store.publish_gradient("w2", gradient_message(store, "w1", good))  # forged sender
+    store.publish_gradient("w3", gradient_message(store, "w3", np.ones(5, np.float32)))
+    store.client.xadd(store.keys.gradients, {"w": "w3", "m": gradient_message(
+        store, "w3", good)[:-4] + np.float32(np.inf).tobytes()})  # last value patched: +Inf
+    before = params(store).copy()
+    leader = Leader(store, store.config(), store.layout())
+    assert store.acquire_lease("t", 1000)
+    _, raw = store.fenced_read("t", 1000, 100)
+    plan = leader.process([(i, f.get(b"m"), f.get(b"w", b"").decode()) for i, f in raw])
+    store.commit("t", 1000, plan, leader.theta)
+    np.testing.assert_array_equal(params(store), before)
+    assert store.counters() == {
+        "published": 5, "rejected:malformed": 1, "rejected:wrong_run": 1,
+        "rejected:future_version": 1, "rejected:bad_header": 1, "rejected:wrong_length": 1,
+        "rejected:non_finite": 1}
+    workers = store.worker_states()
+    assert workers["w1"]["rejected:malformed"] == "1"
+    assert workers["w2"]["rejected:bad_header"] == "1"
+    assert workers["w3"]["rejected:non_finite"] == "1"
+    assert redis_client.xpending(store.keys.gradients, "aggregators")["pending"] == 0
+
+
+def test_too_stale_gradient_is_rejected(redis_client: redis.Redis) -> None:
+    store = small_run(redis_client, max_staleness=3, budget_updates=5)
+    g = np.full(SMALL_LAYOUT.size, 0.1, np.float32)
+    for i in range(5):
+        store.publish_gradient("w1", gradient_message(store, "w1", g, version=0))
+    thread, shutdown, _ = run_in_thread(store)
+    wait_for(lambda: sum(store.counters().values()) >= 10, what="5 processed")
+    shutdown.set()
+    thread.join(10)
+    counters = store.counters()
+    assert counters["applied"] == 4  # staleness 0, 1, 2, 3
+    assert counters["rejected:too_stale"] == 1
+
+
+def test_a_paused_leader_is_fenced(redis_client: redis.Redis) -> None:
+    store = small_run(redis_client)
+    assert store.acquire_lease("old", 200)
+    leader = Leader(store, store.config(), store.layout())
+    store.publish_gradient("w1", gradient_message(store, "w1",
+                                                  np.ones(SMALL_LAYOUT.size, np.float32)))
+    _, raw = store.fenced_read("old", 200, 10)
+    plan = leader.process([(i, f[b"m"], "w1") for i, f in raw])
+    wait_for(lambda: not redis_client.exists(store.keys.lease), what="lease expiry")
+    assert store.acquire_lease("new", 5000)
+    with pytest.raises(FencedError):
+        store.commit("old", 200, plan, leader.theta)
+    with pytest.raises(FencedError):
+        store.fenced_read("old", 200, 10)
+    assert store.head().version == 0
+    # The new leader inherits the unacknowledged batch and applies it once.
+    thread, shutdown, _ = run_in_thread(store, AggregatorOptions(lease_ms=5000,
+                                                                 idle_block_ms=50))
+    redis_client.delete(store.keys.lease)  # hand the lease to the thread's aggregator
+    wait_for(lambda: store.counters().get("applied") == 1, what="inherited batch applied")
+    shutdown.set()
+    thread.join(10)
+    assert store.head().version == 1
+
+
+def test_standby_takes_over_when_leader_stops(redis_client: redis.Redis) -> None:
+    store = small_run(redis_client, budget_updates=10**6)
+    first, stop_first, r1 = run_in_thread(store)
+    wait_for(lambda: redis_client.exists(store.keys.lease) == 1, what="leader")
+    second, stop_second, r2 = run_in_thread(store)
+    g = np.ones(SMALL_LAYOUT.size, np.float32)
+    store.publish_gradient("w1", gradient_message(store, "w1", g))
+    wait_for(lambda: store.counters().get("applied") == 1, what="first update")
+    stop_first.set()
+    first.join(10)
+    assert r1 == ["shutdown"]
+    store.publish_gradient("w1", gradient_message(store, "w1", g))
+    wait_for(lambda: store.counters().get("applied") == 2, what="standby applies")
+    store.request_stop()
+    second.join(10)
+    assert r2 == [STOPPED]
+    assert store.state() == STOPPED
+
+
+@pytest.mark.slow
+def test_sigkilled_aggregator_applies_every_gradient_once(redis_server: EmbeddedRedis,
+                                                          redis_client: redis.Redis) -> None:
+    total = 600
+    store = small_run(redis_client, algo="downpour", lr=0.01, budget_updates=total,
+                      read_batch=8)
+    rng = np.random.default_rng(7)
+    grads = rng.standard_normal((total, SMALL_LAYOUT.size)).astype(np.float32)
+    args = ("aggregator", "--run", store.run_id, "--redis-url", redis_server.url,
+            "--lease-ms", "300")
+    chaos = random.Random(3)
+    process = GemqProcess(*args)
+    kills = 0
+    for i, g in enumerate(grads):
+        wait_for(lambda: redis_client.xlen(store.keys.gradients) < 16, what="backpressure")
+        store.publish_gradient("w1", gradient_message(store, "w1", g))
+        if i % 60 == 30:  # SIGKILL at an arbitrary moment of its loop, then restart
+            threading.Event().wait(chaos.uniform(0.0, 0.05))
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+            process.stop()
+            kills += 1
+            process = GemqProcess(*args)
+    try:
+        assert process.wait(60) == 0, process.output()
+    finally:
+        process.stop()
+    assert kills == 10
+    counters = store.counters()
+    assert counters == {"published": total, "applied": total}
+    assert store.state() == FINISHED
+    np.testing.assert_allclose(params(store), -0.01 * grads.sum(axis=0), rtol=1e-4,
+                               atol=1e-5)
+
+
+def test_stream_is_trimmed_and_history_bounded(redis_client: redis.Redis) -> None:
+    store = small_run(redis_client, budget_updates=200, history=5, read_batch=4)
+    g = np.full(SMALL_LAYOUT.size, 0.01, np.float32)
+    thread, _, _ = run_in_thread(store)
+    for _ in range(200):
+        store.publish_gradient("w1", gradient_message(store, "w1", g))
+    thread.join(30)
+    assert store.counters()["applied"] == 200
+    assert redis_client.xlen(store.keys.gradients) <= 1
+    assert len(store.kept_versions()) == 5
+    snapshot_keys = list(redis_client.scan_iter(match=store.keys.prefix + "params:*"))
+    assert len(snapshot_keys) == 5
+
+
+def test_codec_reason_counters_are_per_worker(redis_client: redis.Redis) -> None:
+    store = small_run(redis_client, budget_updates=10)
+    store.publish_gradient("wA", gradient_message(store, "wA",
+                                                  np.ones(SMALL_LAYOUT.size, np.float32),
+                                                  dtype="float16"))
+    thread, shutdown, _ = run_in_thread(store)
+    wait_for(lambda: "rejected:wrong_dtype" in store.counters(), what="rejection")
+    shutdown.set()
+    thread.join(10)
+    assert store.worker_states()["wA"]["rejected:wrong_dtype"] == "1"
+    assert codec.WRONG_DTYPE == "wrong_dtype"

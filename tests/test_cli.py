@@ -1,0 +1,340 @@
+"""The ``gemq`` command line (gemq/cli.py, gemq/settings.py), mostly as a real subprocess."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from gemq import cli
+from gemq.connection import connect, redact
+from gemq.embedded import EmbeddedRedis, free_port
+from gemq.errors import ConfigError, RedisUnavailable
+from gemq.settings import apply_env_defaults, env_name
+
+# A ConfigError or GemqError caught by main(): "gemq: error: ..."; a flag argparse refuses
+# in a subcommand: "gemq <command>: error: ...".
+ERROR_LINE = re.compile(r"^gemq(?: [a-z]+)?: error: \S")
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GEMQ_")}
+    env.pop("PYTHONWARNINGS", None)
+    return {**env, **extra}
+
+
+def gemq(*args: str, env: dict[str, str] | None = None,
+         timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gemq", *args], capture_output=True,
+                          text=True, env=env if env is not None else _clean_env(),
+                          timeout=timeout, check=False)
+
+
+def assert_one_error(result: subprocess.CompletedProcess[str], code: int) -> str:
+    """Exit ``code``, exactly one stderr line, a gemq error line, no traceback."""
+    assert "Traceback" not in result.stderr + result.stdout
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert ERROR_LINE.match(lines[0]), lines[0]
+    assert result.returncode == code, (result.returncode, result.stderr)
+    return lines[0]
+
+
+@pytest.fixture(autouse=True)
+def _no_gemq_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """build_parser() reads os.environ: tests start from an environment without GEMQ_*."""
+    for name in [n for n in os.environ if n.startswith("GEMQ_")]:
+        monkeypatch.delenv(name)
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[name]  # type: ignore[no-any-return]
+    raise AssertionError("no subcommands")
+
+
+# --- bad flags and values: one line, the right exit code ---------------------------------
+
+
+def test_missing_command() -> None:
+    line = assert_one_error(gemq(), cli.EXIT_USAGE)
+    assert line == "gemq: error: the following arguments are required: command " \
+                   "(see gemq --help)"
+
+
+def test_unknown_flag() -> None:
+    line = assert_one_error(gemq("run", "--nope"), cli.EXIT_USAGE)
+    assert line == "gemq: error: unrecognized arguments: --nope (see gemq --help)"
+
+
+def test_unknown_command() -> None:
+    line = assert_one_error(gemq("train"), cli.EXIT_USAGE)
+    assert line.startswith("gemq: error: argument command: invalid choice: 'train'")
+
+
+def test_negative_learning_rate() -> None:
+    line = assert_one_error(gemq("run", "--lr", "-1"), cli.EXIT_USAGE)
+    assert line == "gemq: error: lr: must be in (0, 10], got -1"
+
+
+def test_zero_batch_size() -> None:
+    line = assert_one_error(gemq("run", "--batch-size", "0"), cli.EXIT_USAGE)
+    assert line == ("gemq run: error: argument --batch-size: must be at least 1, got 0 "
+                    "(see gemq run --help)")
+
+
+def test_non_numeric_batch_size() -> None:
+    line = assert_one_error(gemq("create", "--batch-size", "many"), cli.EXIT_USAGE)
+    assert line.startswith("gemq create: error: argument --batch-size: invalid")
+    assert "'many'" in line
+
+
+def test_unknown_algorithm() -> None:
+    line = assert_one_error(gemq("run", "--algo", "nope"), cli.EXIT_USAGE)
+    assert line == ("gemq run: error: argument --algo: invalid choice: 'nope' (choose from "
+                    "'gem', 'downpour', 'adaptive') (see gemq run --help)")
+
+
+def test_steps_and_epochs_exclude_each_other() -> None:
+    line = assert_one_error(gemq("run", "--steps", "5", "--epochs", "1"), cli.EXIT_USAGE)
+    assert "not allowed with argument" in line
+
+
+def test_bad_env_value() -> None:
+    result = gemq("run", env=_clean_env(GEMQ_LR="abc"))
+    line = assert_one_error(result, cli.EXIT_USAGE)
+    assert line == ("gemq: error: GEMQ_LR: invalid value 'abc': could not convert string to "
+                    "float: 'abc'")
+
+
+def test_bad_env_choice() -> None:
+    line = assert_one_error(gemq("status", env=_clean_env(GEMQ_ALGO="nope")), cli.EXIT_USAGE)
+    assert line == ("gemq: error: GEMQ_ALGO: must be one of gem, downpour, adaptive, "
+                    "got 'nope'")
+
+
+def test_unknown_dataset() -> None:
+    result = gemq("create", "--dataset", "nope", "--redis-url", "redis://127.0.0.1:1")
+    line = assert_one_error(result, 1)
+    assert line == ("gemq: error: unknown dataset 'nope': use mnist5k, digits, "
+                    "mnist-idx:DIR or 'package.module:factory'")
+
+
+def test_unimportable_dataset_factory() -> None:
+    result = gemq("create", "--dataset", "gemq_no_such_module:make",
+                  "--redis-url", "redis://127.0.0.1:1")
+    line = assert_one_error(result, 1)
+    assert line == ("gemq: error: dataset 'gemq_no_such_module:make': cannot import "
+                    "'gemq_no_such_module': ModuleNotFoundError: No module named "
+                    "'gemq_no_such_module'")
+
+
+def test_dataset_module_that_raises_on_import(tmp_path: Path) -> None:
+    (tmp_path / "gemq_cli_boom.py").write_text("raise RuntimeError('boom at import')\n")
+    env = _clean_env(PYTHONPATH=str(tmp_path))
+    result = gemq("create", "--dataset", "gemq_cli_boom:make",
+                  "--redis-url", "redis://127.0.0.1:1", env=env)
+    line = assert_one_error(result, 1)
+    assert line == ("gemq: error: dataset 'gemq_cli_boom:make': cannot import "
+                    "'gemq_cli_boom': RuntimeError: boom at import")
+
+
+def test_unknown_model_writes_nothing(redis_server: EmbeddedRedis,
+                                      redis_client: redis.Redis) -> None:
+    result = gemq("create", "--model", "nope", "--dataset", "digits",
+                  "--redis-url", redis_server.url)
+    line = assert_one_error(result, 1)
+    assert line == ("gemq: error: unknown model 'nope': use one of cnn, mlp, logreg or "
+                    "'package.module:factory'")
+    assert redis_client.keys("*") == []
+
+
+def test_unimportable_model_factory(redis_server: EmbeddedRedis,
+                                    redis_client: redis.Redis) -> None:
+    result = gemq("create", "--model", "gemq_no_such_module:net", "--dataset", "digits",
+                  "--redis-url", redis_server.url)
+    line = assert_one_error(result, 1)
+    assert line.startswith("gemq: error: model 'gemq_no_such_module:net': cannot import "
+                           "'gemq_no_such_module': ModuleNotFoundError")
+    assert redis_client.keys("*") == []
+
+
+def test_cnn_on_digits_suggests_mlp(redis_server: EmbeddedRedis) -> None:
+    result = gemq("create", "--dataset", "digits", "--redis-url", redis_server.url)
+    line = assert_one_error(result, 1)
+    assert line == ("gemq: error: model 'cnn' needs 28x28 inputs; this dataset has 64 "
+                    "features (try --model mlp)")
+
+
+@pytest.mark.parametrize("command", ["aggregator", "worker", "status"])
+def test_missing_redis_url_names_the_env_variable(command: str) -> None:
+    line = assert_one_error(gemq(command, "--run", "r1"), cli.EXIT_USAGE)
+    assert line == (f"gemq: error: --redis-url: required for 'gemq {command}' "
+                    "(or set GEMQ_REDIS_URL)")
+
+
+# --- against a real Redis ----------------------------------------------------------------
+
+
+def test_status_of_missing_run(redis_server: EmbeddedRedis) -> None:
+    result = gemq("status", "--run", "nosuch", "--redis-url", redis_server.url)
+    line = assert_one_error(result, 1)
+    assert line == "gemq: error: no run 'nosuch' in Redis"
+    assert result.stdout == ""
+
+
+def test_redis_url_from_environment(redis_server: EmbeddedRedis) -> None:
+    result = gemq("status", "--run", "nosuch", env=_clean_env(GEMQ_REDIS_URL=redis_server.url))
+    assert assert_one_error(result, 1) == "gemq: error: no run 'nosuch' in Redis"
+
+
+def test_create_then_status(redis_server: EmbeddedRedis) -> None:
+    created = gemq("create", "--run-id", "cli-1", "--model", "logreg", "--dataset", "digits",
+                   "--steps", "7", "--lr", "0.2", "--redis-url", redis_server.url)
+    assert (created.returncode, created.stdout, created.stderr) == (0, "cli-1\n", "")
+    again = gemq("create", "--run-id", "cli-1", "--model", "logreg", "--dataset", "digits",
+                 "--redis-url", redis_server.url)
+    assert "cli-1" in assert_one_error(again, 1)
+    status = gemq("status", "--run", "cli-1", "--redis-url", redis_server.url)
+    assert (status.returncode, status.stderr) == (0, "")
+    report = json.loads(status.stdout)
+    assert (report["run_id"], report["state"], report["version"]) == ("cli-1", "created", 0)
+    assert (report["updates_applied"], report["published"], report["workers"]) == (0, 0, {})
+
+
+def test_unreachable_redis_names_the_url_without_its_password() -> None:
+    port = free_port()
+    url = f"redis://:secret@127.0.0.1:{port}"
+    started = time.monotonic()
+    with pytest.raises(RedisUnavailable) as info:
+        connect(url, wait_s=1)
+    assert time.monotonic() - started < 5
+    message = str(info.value)
+    assert message.startswith(f"cannot reach Redis at redis://:***@127.0.0.1:{port} after ")
+    assert "secret" not in message
+
+
+def test_invalid_url_is_refused_without_its_password() -> None:
+    with pytest.raises(RedisUnavailable) as info:
+        connect("http://user:secret@example.invalid:6379", wait_s=1)
+    assert str(info.value).startswith(
+        "invalid Redis URL 'http://user:***@example.invalid:6379'")
+    assert "secret" not in str(info.value)
+
+
+def test_wrong_password_is_not_retried() -> None:
+    with EmbeddedRedis(password="right") as server:
+        url = f"redis://:wrong@127.0.0.1:{server.port}/0"
+        started = time.monotonic()
+        with pytest.raises(RedisUnavailable) as info:
+            connect(url, wait_s=10)
+        assert time.monotonic() - started < 5
+    assert str(info.value).startswith(
+        f"Redis at redis://:***@127.0.0.1:{server.port}/0 refused the credentials")
+    assert "wrong" not in str(info.value).split("credentials")[0]
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+    ("redis://:pw@h:1/2", "redis://:***@h:1/2"),
+    ("rediss://alice:pw@h/0", "rediss://alice:***@h/0"),
+])
+def test_redact(url: str, shown: str) -> None:
+    assert redact(url) == shown
+
+
+# --- environment defaults (in process: faster) ------------------------------------------
+
+
+def test_env_name() -> None:
+    assert env_name("redis_url") == "GEMQ_REDIS_URL"
+    assert env_name("pi_max") == "GEMQ_PI_MAX"
+
+
+def test_apply_env_defaults_with_a_dict() -> None:
+    parser = cli.build_parser()
+    run = _subparser(parser, "run")
+    apply_env_defaults(run, {"GEMQ_LR": "0.2", "GEMQ_BATCH_SIZE": "16",
+                             "GEMQ_ALGO": "downpour", "GEMQ_NO_PROGRESS": "yes",
+                             "GEMQ_OUT": "/tmp/gemq-out", "GEMQ_WORKERS": "3",
+                             "GEMQ_UNRELATED": "ignored", "LR": "9"})
+    args = parser.parse_args(["run"])
+    assert (args.lr, args.batch_size, args.algo) == (0.2, 16, "downpour")
+    assert (args.no_progress, args.out, args.workers) == (True, Path("/tmp/gemq-out"), 3)
+    assert isinstance(args.batch_size, int)
+    assert not hasattr(args, "unrelated")
+    flags = parser.parse_args(["run", "--lr", "0.3", "--batch-size", "8", "--algo", "gem"])
+    assert (flags.lr, flags.batch_size, flags.algo) == (0.3, 8, "gem")
+    assert flags.workers == 3
+
+
+def test_defaults_without_environment() -> None:
+    args = cli.build_parser().parse_args(["run"])
+    assert (args.lr, args.batch_size, args.algo, args.workers) == (0.05, 64, "gem", 4)
+    assert (args.redis_url, args.no_progress, args.steps, args.epochs) == (None, False, None,
+                                                                            None)
+
+
+@pytest.mark.parametrize(("raw", "value"), [("1", True), ("TRUE", True), (" on ", True),
+                                            ("0", False), ("no", False), ("", False)])
+def test_env_booleans(raw: str, value: bool) -> None:
+    parser = cli.build_parser()
+    apply_env_defaults(_subparser(parser, "run"), {"GEMQ_NO_PROGRESS": raw})
+    assert parser.parse_args(["run"]).no_progress is value
+
+
+@pytest.mark.parametrize(("environ", "field"), [
+    ({"GEMQ_NO_PROGRESS": "maybe"}, "GEMQ_NO_PROGRESS"),
+    ({"GEMQ_BATCH_SIZE": "0"}, "GEMQ_BATCH_SIZE"),
+    ({"GEMQ_BATCH_SIZE": "2.5"}, "GEMQ_BATCH_SIZE"),
+    ({"GEMQ_LR": "fast"}, "GEMQ_LR"),
+    ({"GEMQ_WIRE_DTYPE": "int8"}, "GEMQ_WIRE_DTYPE"),
+])
+def test_bad_env_values_name_the_variable(environ: dict[str, str], field: str) -> None:
+    parser = cli.build_parser()
+    with pytest.raises(ConfigError) as info:
+        apply_env_defaults(_subparser(parser, "run"), environ)
+    assert info.value.field == field
+
+
+def test_os_environ_becomes_defaults_of_every_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GEMQ_REDIS_URL", "redis://example:1/0")
+    monkeypatch.setenv("GEMQ_LR", "0.25")
+    parser = cli.build_parser()
+    assert parser.parse_args(["status", "--run", "r"]).redis_url == "redis://example:1/0"
+    assert parser.parse_args(["worker", "--run", "r"]).redis_url == "redis://example:1/0"
+    assert parser.parse_args(["create"]).lr == 0.25
+    assert parser.parse_args(["create", "--lr", "0.5"]).lr == 0.5
+    overridden = parser.parse_args(["status", "--run", "r", "--redis-url", "redis://x:2/0"])
+    assert overridden.redis_url == "redis://x:2/0"
+
+
+def test_main_reports_bad_env_in_process(monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("GEMQ_MAX_PENDING", "-3")
+    assert cli.main(["status", "--run", "r"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err == "gemq: error: GEMQ_MAX_PENDING: invalid value '-3': must be at least 1, " \
+                  "got -3\n"
+
+
+def test_env_can_supply_the_run_of_a_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Containers configure gemq by environment alone, the run id included."""
+    monkeypatch.setenv(env_name("run_id"), "from-env")
+    parser = cli.build_parser()
+    assert parser.parse_args(["status", "--redis-url", "redis://x:1/0"]).run_id == "from-env"
+
+
+def test_env_can_set_the_global_verbose_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The help text promises that every flag can be set as GEMQ_<FLAG>."""
+    monkeypatch.setenv("GEMQ_VERBOSE", "1")
+    assert cli.build_parser().parse_args(["status", "--run", "r"]).verbose is True

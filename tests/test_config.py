@@ -1,0 +1,242 @@
+"""RunConfig validation and the Redis key layout (gemq/config.py, gemq/keys.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import math
+
+import pytest
+from redis.crc import key_slot
+
+from gemq.config import RunConfig
+from gemq.errors import ConfigError, GemqError
+from gemq.keys import (
+    RUNS_INDEX,
+    RunKeys,
+    is_valid_run_id,
+    is_valid_worker_id,
+)
+
+DEFAULTS = {
+    "run_id": "r1", "algo": "gem", "lr": 0.05, "momentum": 0.9, "kappa": 1.0,
+    "pi_max": 5.0, "eps": 1e-12, "proxy": "local", "batch_size": 64,
+    "budget_updates": 1000, "model": "cnn", "dataset": "mnist5k", "seed": 0,
+    "max_staleness": 512, "history": 64, "max_pending": 64, "read_batch": 32,
+    "worker_timeout_s": 60.0, "max_message_bytes": 0, "wire_dtype": "float32",
+}
+
+
+# --- RunConfig ------------------------------------------------------------------------
+
+
+def test_defaults() -> None:
+    assert dataclasses.asdict(RunConfig("r1")) == DEFAULTS
+
+
+def test_config_is_frozen() -> None:
+    config = RunConfig("r1")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.lr = 1.0  # type: ignore[misc]
+
+
+def test_json_round_trip_keeps_every_field() -> None:
+    config = RunConfig("exp.7-b", algo="downpour", lr=0.125, momentum=0.5, kappa=2.0,
+                       pi_max=3.0, batch_size=16, budget_updates=77, model="mlp",
+                       dataset="digits", seed=42, max_staleness=0, history=8,
+                       max_pending=3, read_batch=5, worker_timeout_s=1.5,
+                       max_message_bytes=4096, wire_dtype="float16")
+    text = config.to_json()
+    assert json.loads(text)["lr"] == 0.125
+    assert list(json.loads(text)) == sorted(DEFAULTS)
+    again = RunConfig.from_json(text)
+    assert again == config
+    assert RunConfig.from_json(text.encode()) == config
+
+
+def test_from_dict_coerces_exact_numbers() -> None:
+    config = RunConfig.from_dict({"run_id": "r1", "lr": 1, "batch_size": 32.0})
+    assert config.lr == 1.0 and isinstance(config.lr, float)
+    assert config.batch_size == 32 and isinstance(config.batch_size, int)
+
+
+def test_replace_validates() -> None:
+    config = RunConfig("r1")
+    assert config.replace(lr=0.5).lr == 0.5
+    assert config.lr == 0.05
+    with pytest.raises(ConfigError) as info:
+        config.replace(lr=0.0)
+    assert info.value.field == "lr"
+
+
+@pytest.mark.parametrize(("changes", "field"), [
+    ({"lr": 0.0}, "lr"),
+    ({"lr": -0.1}, "lr"),
+    ({"lr": math.nan}, "lr"),
+    ({"lr": math.inf}, "lr"),
+    ({"lr": 10.5}, "lr"),
+    ({"momentum": 1.0}, "momentum"),
+    ({"momentum": -0.01}, "momentum"),
+    ({"kappa": 0.0}, "kappa"),
+    ({"pi_max": 0.0}, "pi_max"),
+    ({"eps": 0.0}, "eps"),
+    ({"batch_size": 0}, "batch_size"),
+    ({"batch_size": 65537}, "batch_size"),
+    ({"budget_updates": 0}, "budget_updates"),
+    ({"seed": -1}, "seed"),
+    ({"seed": 2**32}, "seed"),
+    ({"max_staleness": -1}, "max_staleness"),
+    ({"history": 0}, "history"),
+    ({"max_pending": 0}, "max_pending"),
+    ({"read_batch": 0}, "read_batch"),
+    ({"worker_timeout_s": 0.0}, "worker_timeout_s"),
+    ({"max_message_bytes": -1}, "max_message_bytes"),
+    ({"algo": "nope"}, "algo"),
+    ({"proxy": "remote"}, "proxy"),
+    ({"wire_dtype": "int8"}, "wire_dtype"),
+    ({"model": "  "}, "model"),
+    ({"dataset": ""}, "dataset"),
+    ({"run_id": "bad id"}, "run_id"),
+    ({"run_id": ""}, "run_id"),
+    ({"run_id": "-leading-dash"}, "run_id"),
+])
+def test_range_checks_name_the_field(changes: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        RunConfig(**{"run_id": "r1", **changes})  # type: ignore[arg-type]
+    assert info.value.field == field
+    assert str(info.value).startswith(f"{field}: ")
+    assert isinstance(info.value, GemqError) and isinstance(info.value, ValueError)
+
+
+def test_range_messages() -> None:
+    with pytest.raises(ConfigError, match=r"^lr: must be in \(0, 10\], got -1$"):
+        RunConfig("r1", lr=-1.0)
+    with pytest.raises(ConfigError, match=r"^lr: must be finite, got nan$"):
+        RunConfig("r1", lr=math.nan)
+    with pytest.raises(ConfigError, match=r"^momentum: must be in \[0, 1\), got 1$"):
+        RunConfig("r1", momentum=1.0)
+    with pytest.raises(ConfigError, match=r"^algo: must be one of gem, downpour, adaptive; "
+                                          r"got 'nope'$"):
+        RunConfig("r1", algo="nope")
+
+
+@pytest.mark.parametrize(("changes", "accepted"), [
+    ({"momentum": 0.0}, 0.0),
+    ({"lr": 10.0}, 10.0),
+    ({"seed": 2**32 - 1}, 2**32 - 1),
+    ({"max_staleness": 0}, 0),
+    ({"batch_size": 1}, 1),
+])
+def test_bounds_are_inclusive_where_documented(changes: dict[str, object],
+                                               accepted: object) -> None:
+    config = RunConfig(**{"run_id": "r1", **changes})  # type: ignore[arg-type]
+    assert getattr(config, next(iter(changes))) == accepted
+
+
+@pytest.mark.parametrize(("data", "field", "message"), [
+    ({"run_id": "r1", "learning_rate": 0.1}, "learning_rate", "unknown setting"),
+    ({"run_id": "r1", "zzz": 1, "aaa": 2}, "aaa", "unknown setting"),
+    ({"run_id": "r1", "lr": "0.1"}, "lr", "must be a number, got '0.1'"),
+    ({"run_id": "r1", "batch_size": "64"}, "batch_size", "must be a number, got '64'"),
+    ({"run_id": "r1", "batch_size": 3.5}, "batch_size", "must be an integer, got 3.5"),
+    ({"run_id": "r1", "seed": 0.25}, "seed", "must be an integer, got 0.25"),
+    ({"run_id": "r1", "lr": True}, "lr", "must be a number, got True"),
+    ({"run_id": "r1", "batch_size": False}, "batch_size", "must be a number, got False"),
+    ({"run_id": "r1", "lr": None}, "lr", "cannot read None as float"),
+    ({"run_id": "r1", "lr": [0.1]}, "lr", "cannot read [0.1] as float"),
+    ({"run_id": "r1", "model": 5}, "model", "must be a string, got 5"),
+    ({"run_id": 7}, "run_id", "must be a string, got 7"),
+    ({"run_id": "r1", "lr": math.nan}, "lr", "must be finite, got nan"),
+])
+def test_from_dict_refuses_bad_values(data: dict[str, object], field: str,
+                                      message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_dict(data)
+    assert info.value.field == field
+    assert str(info.value) == f"{field}: {message}"
+
+
+def test_from_json_refuses_nan_learning_rate() -> None:
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_json('{"run_id": "r1", "lr": NaN}')
+    assert info.value.field == "lr"
+
+
+def test_from_dict_without_run_id_names_the_field() -> None:
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_dict({"lr": 0.1})
+    assert info.value.field == "run_id"
+
+
+# --- keys -----------------------------------------------------------------------------
+
+
+def _all_keys(keys: RunKeys) -> dict[str, str]:
+    """Every key name RunKeys can produce, found by introspection so new kinds are covered."""
+    found: dict[str, str] = {}
+    for name, member in inspect.getmembers(RunKeys):
+        if name.startswith("_") or name == "prefix":
+            continue
+        if isinstance(member, property):
+            found[name] = getattr(keys, name)
+        elif inspect.isfunction(member):
+            found[name] = getattr(keys, name)({"params": 7, "worker": "w-1"}[name])
+    return found
+
+
+def test_every_key_of_a_run_carries_the_hash_tag() -> None:
+    keys = RunKeys("exp-1")
+    assert keys.prefix == "gemq:{exp-1}:"
+    assert _all_keys(keys) == {
+        "config": "gemq:{exp-1}:config",
+        "layout": "gemq:{exp-1}:layout",
+        "status": "gemq:{exp-1}:status",
+        "head": "gemq:{exp-1}:head",
+        "params": "gemq:{exp-1}:params:7",
+        "versions": "gemq:{exp-1}:versions",
+        "gradients": "gemq:{exp-1}:gradients",
+        "metrics": "gemq:{exp-1}:metrics",
+        "counters": "gemq:{exp-1}:counters",
+        "workers": "gemq:{exp-1}:workers",
+        "worker": "gemq:{exp-1}:worker:w-1",
+        "lease": "gemq:{exp-1}:lease",
+    }
+
+
+def test_keys_of_a_run_share_one_cluster_slot_and_runs_do_not_collide() -> None:
+    a, b = _all_keys(RunKeys("a")), _all_keys(RunKeys("b"))
+    assert len(set(a.values())) == len(a)
+    assert {key_slot(k.encode()) for k in a.values()} == {key_slot(b"a")}
+    assert not set(a.values()) & set(b.values())
+    assert RUNS_INDEX == "gemq:runs"
+    assert "{" not in RUNS_INDEX
+
+
+@pytest.mark.parametrize("run_id", ["a", "0", "run-1", "A.b_c-9", "r" * 64])
+def test_valid_run_ids(run_id: str) -> None:
+    assert is_valid_run_id(run_id)
+    assert RunConfig(run_id).run_id == run_id
+
+
+@pytest.mark.parametrize("run_id", [
+    "", " ", "a b", " a", "a ", "a\n", "\n", "a\nb", "a\t", "-a", ".a", "_a", "r" * 65,
+    "a{b", "a}b", "a:b", "a/b", "é",
+])
+def test_invalid_run_ids(run_id: str) -> None:
+    assert not is_valid_run_id(run_id)
+    with pytest.raises(ConfigError) as info:
+        RunConfig(run_id)
+    assert info.value.field == "run_id"
+
+
+@pytest.mark.parametrize("worker_id", ["w", "host-1", "host-123-0", "pod.x_y:3", "w" * 64])
+def test_valid_worker_ids(worker_id: str) -> None:
+    assert is_valid_worker_id(worker_id)
+
+
+@pytest.mark.parametrize("worker_id", [
+    "", " ", "w 1", "w1 ", "w1\n", "\n", "w\r1", "-w", ":w", "w" * 65, "w{1}", "w}", "ü",
+])
+def test_invalid_worker_ids(worker_id: str) -> None:
+    assert not is_valid_worker_id(worker_id)
