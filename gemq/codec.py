@@ -25,7 +25,7 @@ from gemq.errors import CodecError
 from gemq.keys import is_valid_worker_id
 
 FORMAT_VERSION = 1
-WIRE_DTYPES = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2")}
+WIRE_DTYPES: dict[str, np.dtype[Any]] = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2")}
 #: Bytes of message allowed beyond the payload (the header is about 100 bytes).
 HEADER_ALLOWANCE = 64 * 1024
 _HEADER_FIELDS = 8

@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 #: Errors after which a command is retried on a fresh connection.
 TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
     redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+_UNREACHABLE: tuple[type[Exception], ...] = (*TRANSIENT_ERRORS, OSError)
 
 
 def redact(url: str) -> str:
@@ -60,7 +61,7 @@ def wait_until_ready(url: str, wait_s: float) -> None:
             return
         except redis.AuthenticationError as e:
             raise RedisUnavailable(f"Redis at {redact(url)} refused the credentials: {e}") from e
-        except (*TRANSIENT_ERRORS, OSError) as e:
+        except _UNREACHABLE as e:
             if time.monotonic() + delay > deadline:
                 raise RedisUnavailable(
                     f"cannot reach Redis at {redact(url)} after {attempt} attempts: {e}") from e

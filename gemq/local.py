@@ -122,7 +122,11 @@ def _supervise(url: str, store: RunStore, config: RunConfig, options: LocalOptio
                                      LOCAL_WORKER_NICENESS))
                for i, ids in enumerate(_worker_groups(config.run_id, options))]
     processes: list[BaseProcess] = [aggregator, *workers]
-    display = ProgressDisplay(store, config.budget_updates, enabled=options.progress)
+    display = ProgressDisplay(
+        store, config.budget_updates, enabled=options.progress,
+        starting=f"run {config.run_id}: starting 1 aggregator and {options.workers} workers "
+                 f"({config.algo}, {config.model} on {config.dataset}, "
+                 f"{config.budget_updates} updates)")
     try:
         for process in processes:
             process.start()
@@ -132,6 +136,7 @@ def _supervise(url: str, store: RunStore, config: RunConfig, options: LocalOptio
             if not any(w.is_alive() for w in workers) and aggregator.is_alive():
                 raise GemqError("every worker process exited before the run finished; "
                                 f"codes: {[w.exitcode for w in workers]}")
+        display.poll()
         display.close()
         if aggregator.exitcode != 0 or store.state() != FINISHED:
             raise GemqError(f"the aggregator ended with code {aggregator.exitcode}, run state "
@@ -139,7 +144,7 @@ def _supervise(url: str, store: RunStore, config: RunConfig, options: LocalOptio
         for worker in workers:
             worker.join(30)
     finally:
-        display.bar.close()
+        display.close()
         _terminate(processes)
 
 

@@ -13,20 +13,31 @@ from gemq.store import RunStore
 class ProgressDisplay:
     """A tqdm bar over updates applied, with loss, energy ratio and staleness beside it."""
 
-    def __init__(self, store: RunStore, total: int, enabled: bool = True) -> None:
+    def __init__(self, store: RunStore, total: int, enabled: bool = True,
+                 starting: str = "") -> None:
         self.store = store
+        self.total = total
+        self.enabled = enabled
         self.last_id = "0-0"
         self.loss = math.nan
-        self.bar = tqdm(total=total, unit="upd", dynamic_ncols=True, disable=not enabled,
-                        file=sys.stderr, desc=store.run_id, smoothing=0.1,
-                        bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} "
-                                   "[{elapsed}<{remaining}, {rate_fmt}] {postfix}")
+        self.bar: tqdm | None = None  # opened at the first update, so the rate is honest
+        if enabled and starting:
+            print(starting, file=sys.stderr, flush=True)
+
+    def _open(self) -> tqdm:
+        return tqdm(total=self.total, unit="upd", dynamic_ncols=True, file=sys.stderr,
+                    desc=self.store.run_id, smoothing=0.1,
+                    bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} "
+                               "[{elapsed}<{remaining}, {rate_fmt}] {postfix}")
 
     def poll(self) -> None:
         """Advance the bar by what was committed since the last poll."""
+        if not self.enabled:
+            return
         rows = self.store.metrics_since(self.last_id)
         if not rows:
             return
+        self.bar = self.bar or self._open()
         self.last_id = rows[-1][0]
         for _, row in rows:
             loss = float(row["loss"])
@@ -39,5 +50,6 @@ class ProgressDisplay:
         self.bar.update(int(last["updates"]) - self.bar.n)
 
     def close(self) -> None:
-        self.poll()
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

@@ -30,7 +30,7 @@ def load_factory(spec: str, what: str) -> Callable[..., Any]:
         target = getattr(target, part)
     if not callable(target):
         raise SpecError(f"{what} {spec!r}: {attribute!r} is not callable")
-    return target  # type: ignore[no-any-return]
+    return target
 
 
 def spec_of(factory: Callable[..., Any]) -> str:

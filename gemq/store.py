@@ -72,6 +72,9 @@ class RunStore:
 
     def __init__(self, client: redis.Redis, run_id: str) -> None:
         self.client = client
+        # redis-py types replies as unions that depend on decode_responses; this store always
+        # works with bytes replies, so its internal calls go through an untyped alias.
+        self._r: Any = client
         self.keys = RunKeys(run_id)
         self._read = client.register_script(scripts.FENCED_READ)
         self._commit = client.register_script(scripts.COMMIT)
@@ -86,9 +89,9 @@ class RunStore:
     def create(self, config: RunConfig, layout: ParamLayout, params: np.ndarray) -> None:
         """Write a new run: config, layout, version-0 parameters, empty stream and group."""
         k = self.keys
-        if self.client.exists(k.config):
+        if self._r.exists(k.config):
             raise FileExistsError(f"run {self.run_id!r} already exists")
-        pipe = self.client.pipeline(transaction=True)
+        pipe = self._r.pipeline(transaction=True)
         pipe.set(k.config, config.to_json())
         pipe.set(k.layout, layout.to_json())
         pipe.set(k.params(0), as_f32_bytes(params))
@@ -100,16 +103,16 @@ class RunStore:
         pipe.execute()
 
     def exists(self) -> bool:
-        return bool(self.client.exists(self.keys.config))
+        return bool(self._r.exists(self.keys.config))
 
     def config(self) -> RunConfig:
-        raw = self.client.get(self.keys.config)
+        raw = self._r.get(self.keys.config)
         if raw is None:
             raise RunNotFound(f"no run {self.run_id!r} in Redis")
         return RunConfig.from_json(raw)
 
     def layout(self) -> ParamLayout:
-        raw = self.client.get(self.keys.layout)
+        raw = self._r.get(self.keys.layout)
         if raw is None:
             raise RunNotFound(f"no run {self.run_id!r} in Redis")
         return ParamLayout.from_json(raw)
@@ -117,7 +120,7 @@ class RunStore:
     # --- parameters -------------------------------------------------------------------
 
     def head(self) -> Head:
-        version, updates, last_id = self.client.hmget(
+        version, updates, last_id = self._r.hmget(
             self.keys.head, ["version", "updates", "last_id"])
         if version is None:
             raise RunNotFound(f"no run {self.run_id!r} in Redis")
@@ -125,7 +128,7 @@ class RunStore:
 
     def snapshot(self, version: int) -> np.ndarray | None:
         """The parameters published at ``version``, or None once they were dropped."""
-        raw = self.client.get(self.keys.params(version))
+        raw = self._r.get(self.keys.params(version))
         return None if raw is None else np.frombuffer(raw, dtype="<f4")
 
     def latest(self) -> tuple[int, np.ndarray]:
@@ -137,12 +140,12 @@ class RunStore:
                 return version, params
 
     def kept_versions(self) -> list[int]:
-        return [int(v) for v in self.client.zrange(self.keys.versions, 0, -1)]
+        return [int(v) for v in self._r.zrange(self.keys.versions, 0, -1)]
 
     # --- status -----------------------------------------------------------------------
 
     def status(self) -> dict[str, str]:
-        raw = self.client.hgetall(self.keys.status)
+        raw = self._r.hgetall(self.keys.status)
         if not raw:
             raise RunNotFound(f"no run {self.run_id!r} in Redis")
         return {k.decode(): v.decode() for k, v in raw.items()}
@@ -151,25 +154,25 @@ class RunStore:
         return self.status()["state"]
 
     def mark_running(self, leader: str) -> None:
-        pipe = self.client.pipeline(transaction=True)
+        pipe = self._r.pipeline(transaction=True)
         pipe.hset(self.keys.status, mapping={"state": RUNNING, "leader": leader})
         pipe.hsetnx(self.keys.status, "started_ms", now_ms())
         pipe.execute()
 
     def set_status(self, **fields: Any) -> None:
-        self.client.hset(self.keys.status, mapping=fields)
+        self._r.hset(self.keys.status, mapping=fields)
 
     def request_stop(self) -> None:
-        self.client.hset(self.keys.status, "stop_requested", now_ms())
+        self._r.hset(self.keys.status, "stop_requested", now_ms())
 
     def counters(self) -> dict[str, int]:
-        raw = self.client.hgetall(self.keys.counters)
+        raw = self._r.hgetall(self.keys.counters)
         return {k.decode(): int(v) for k, v in raw.items()}
 
     # --- the worker's side ------------------------------------------------------------
 
     def worker_view(self) -> WorkerView:
-        pipe = self.client.pipeline(transaction=False)
+        pipe = self._r.pipeline(transaction=False)
         pipe.hget(self.keys.head, "version")
         pipe.xlen(self.keys.gradients)
         pipe.hget(self.keys.status, "state")
@@ -181,7 +184,7 @@ class RunStore:
     def publish_gradient(self, worker_id: str, message: bytes) -> str:
         """XADD one gradient and count it, atomically (so published counts are exact)."""
         k = self.keys
-        pipe = self.client.pipeline(transaction=True)
+        pipe = self._r.pipeline(transaction=True)
         pipe.xadd(k.gradients, {"w": worker_id, "m": message})
         pipe.hincrby(k.counters, "published", 1)
         pipe.hincrby(k.worker(worker_id), "steps", 1)
@@ -191,11 +194,11 @@ class RunStore:
         return str(entry_id.decode())
 
     def heartbeat(self, worker_id: str) -> None:
-        self.client.hset(self.keys.worker(worker_id), "heartbeat_ms", now_ms())
+        self._r.hset(self.keys.worker(worker_id), "heartbeat_ms", now_ms())
 
     def worker_states(self) -> dict[str, dict[str, str]]:
-        ids = sorted(w.decode() for w in self.client.smembers(self.keys.workers))
-        pipe = self.client.pipeline(transaction=False)
+        ids = sorted(w.decode() for w in self._r.smembers(self.keys.workers))
+        pipe = self._r.pipeline(transaction=False)
         for worker_id in ids:
             pipe.hgetall(self.keys.worker(worker_id))
         return {worker_id: {k.decode(): v.decode() for k, v in raw.items()}
@@ -204,7 +207,7 @@ class RunStore:
     # --- the aggregator's side ----------------------------------------------------------
 
     def acquire_lease(self, token: str, lease_ms: int) -> bool:
-        return bool(self.client.set(self.keys.lease, token, nx=True, px=lease_ms))
+        return bool(self._r.set(self.keys.lease, token, nx=True, px=lease_ms))
 
     def release_lease(self, token: str) -> None:
         self._release(keys=[self.keys.lease], args=[token])
@@ -228,7 +231,7 @@ class RunStore:
 
     def wait_for_gradients(self, after_id: str, timeout_ms: int) -> None:
         """Block until the stream has an entry newer than ``after_id`` (or the timeout)."""
-        self.client.xread({self.keys.gradients: after_id}, count=1, block=timeout_ms)
+        self._r.xread({self.keys.gradients: after_id}, count=1, block=timeout_ms)
 
     def commit(self, token: str, lease_ms: int, plan: CommitPlan, params: np.ndarray) -> None:
         k = self.keys
@@ -254,11 +257,11 @@ class RunStore:
 
     def unconsumed(self, after_id: str, limit: int = 100_000) -> int:
         """Entries in the stream newer than ``after_id``: published but not yet read."""
-        return len(self.client.xrange(self.keys.gradients, min=f"({after_id}", count=limit))
+        return len(self._r.xrange(self.keys.gradients, min=f"({after_id}", count=limit))
 
     def metrics_since(self, after_id: str = "0-0",
                       count: int = 1000) -> list[tuple[str, dict[str, str]]]:
-        rows = self.client.xrange(self.keys.metrics, min=f"({after_id}", count=count)
+        rows = self._r.xrange(self.keys.metrics, min=f"({after_id}", count=count)
         return [(i.decode(), {k.decode(): v.decode() for k, v in f.items()}) for i, f in rows]
 
 

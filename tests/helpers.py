@@ -51,7 +51,7 @@ class GemqProcess:
     """``python -m gemq ARGS`` as a child process; its output goes to a temporary file."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self.log = tempfile.NamedTemporaryFile(prefix="gemq-proc-", suffix=".log")
+        self.log = tempfile.NamedTemporaryFile(prefix="gemq-proc-", suffix=".log")  # noqa: SIM115 (closed by stop())
         self.process = subprocess.Popen([sys.executable, "-m", "gemq", *args],
                                         stdout=self.log, stderr=subprocess.STDOUT, env=env)
 

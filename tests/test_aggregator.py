@@ -83,7 +83,7 @@ def test_rejected_messages_never_touch_parameters(redis_client: redis.Redis) -> 
 def test_too_stale_gradient_is_rejected(redis_client: redis.Redis) -> None:
     store = small_run(redis_client, max_staleness=3, budget_updates=5)
     g = np.full(SMALL_LAYOUT.size, 0.1, np.float32)
-    for i in range(5):
+    for _ in range(5):
         store.publish_gradient("w1", gradient_message(store, "w1", g, version=0))
     thread, shutdown, _ = run_in_thread(store)
     wait_for(lambda: sum(store.counters().values()) >= 10, what="5 processed")

@@ -38,6 +38,17 @@ def gemq(*args: str, env: dict[str, str] | None = None,
                           timeout=timeout, check=False)
 
 
+def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """main() in this process (torch is already imported here: much faster than a child)."""
+    capsys.readouterr()
+    try:
+        code = cli.main(list(args))
+    except SystemExit as e:  # argparse exits on a bad flag
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["gemq", *args], code, out, err)
+
+
 def assert_one_error(result: subprocess.CompletedProcess[str], code: int) -> str:
     """Exit ``code``, exactly one stderr line, a gemq error line, no traceback."""
     assert "Traceback" not in result.stderr + result.stdout
@@ -92,8 +103,9 @@ def test_zero_batch_size() -> None:
                     "(see gemq run --help)")
 
 
-def test_non_numeric_batch_size() -> None:
-    line = assert_one_error(gemq("create", "--batch-size", "many"), cli.EXIT_USAGE)
+def test_non_numeric_batch_size(capsys: pytest.CaptureFixture[str]) -> None:
+    line = assert_one_error(in_process(capsys, "create", "--batch-size", "many"),
+                            cli.EXIT_USAGE)
     assert line.startswith("gemq create: error: argument --batch-size: invalid")
     assert "'many'" in line
 
@@ -104,8 +116,9 @@ def test_unknown_algorithm() -> None:
                     "'gem', 'downpour', 'adaptive') (see gemq run --help)")
 
 
-def test_steps_and_epochs_exclude_each_other() -> None:
-    line = assert_one_error(gemq("run", "--steps", "5", "--epochs", "1"), cli.EXIT_USAGE)
+def test_steps_and_epochs_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
+    line = assert_one_error(in_process(capsys, "run", "--steps", "5", "--epochs", "1"),
+                            cli.EXIT_USAGE)
     assert "not allowed with argument" in line
 
 
@@ -116,8 +129,10 @@ def test_bad_env_value() -> None:
                     "float: 'abc'")
 
 
-def test_bad_env_choice() -> None:
-    line = assert_one_error(gemq("status", env=_clean_env(GEMQ_ALGO="nope")), cli.EXIT_USAGE)
+def test_bad_env_choice(monkeypatch: pytest.MonkeyPatch,
+                        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("GEMQ_ALGO", "nope")
+    line = assert_one_error(in_process(capsys, "status"), cli.EXIT_USAGE)
     assert line == ("gemq: error: GEMQ_ALGO: must be one of gem, downpour, adaptive, "
                     "got 'nope'")
 
@@ -138,11 +153,12 @@ def test_unimportable_dataset_factory() -> None:
                     "'gemq_no_such_module'")
 
 
-def test_dataset_module_that_raises_on_import(tmp_path: Path) -> None:
+def test_dataset_module_that_raises_on_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "gemq_cli_boom.py").write_text("raise RuntimeError('boom at import')\n")
-    env = _clean_env(PYTHONPATH=str(tmp_path))
-    result = gemq("create", "--dataset", "gemq_cli_boom:make",
-                  "--redis-url", "redis://127.0.0.1:1", env=env)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = in_process(capsys, "create", "--dataset", "gemq_cli_boom:make",
+                        "--redis-url", "redis://127.0.0.1:1")
     line = assert_one_error(result, 1)
     assert line == ("gemq: error: dataset 'gemq_cli_boom:make': cannot import "
                     "'gemq_cli_boom': RuntimeError: boom at import")
@@ -158,26 +174,35 @@ def test_unknown_model_writes_nothing(redis_server: EmbeddedRedis,
     assert redis_client.keys("*") == []
 
 
-def test_unimportable_model_factory(redis_server: EmbeddedRedis,
-                                    redis_client: redis.Redis) -> None:
-    result = gemq("create", "--model", "gemq_no_such_module:net", "--dataset", "digits",
-                  "--redis-url", redis_server.url)
+def test_unimportable_model_factory(redis_server: EmbeddedRedis, redis_client: redis.Redis,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    result = in_process(capsys, "create", "--model", "gemq_no_such_module:net",
+                        "--dataset", "digits", "--redis-url", redis_server.url)
     line = assert_one_error(result, 1)
     assert line.startswith("gemq: error: model 'gemq_no_such_module:net': cannot import "
                            "'gemq_no_such_module': ModuleNotFoundError")
     assert redis_client.keys("*") == []
 
 
-def test_cnn_on_digits_suggests_mlp(redis_server: EmbeddedRedis) -> None:
-    result = gemq("create", "--dataset", "digits", "--redis-url", redis_server.url)
+def test_cnn_on_digits_suggests_mlp(redis_server: EmbeddedRedis,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    result = in_process(capsys, "create", "--dataset", "digits", "--redis-url",
+                        redis_server.url)
     line = assert_one_error(result, 1)
     assert line == ("gemq: error: model 'cnn' needs 28x28 inputs; this dataset has 64 "
                     "features (try --model mlp)")
 
 
-@pytest.mark.parametrize("command", ["aggregator", "worker", "status"])
-def test_missing_redis_url_names_the_env_variable(command: str) -> None:
-    line = assert_one_error(gemq(command, "--run", "r1"), cli.EXIT_USAGE)
+def test_aggregator_without_redis_url_names_the_env_variable() -> None:
+    line = assert_one_error(gemq("aggregator", "--run", "r1"), cli.EXIT_USAGE)
+    assert line == ("gemq: error: --redis-url: required for 'gemq aggregator' "
+                    "(or set GEMQ_REDIS_URL)")
+
+
+@pytest.mark.parametrize("command", ["worker", "status"])
+def test_missing_redis_url_in_other_commands(command: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    line = assert_one_error(in_process(capsys, command, "--run", "r1"), cli.EXIT_USAGE)
     assert line == (f"gemq: error: --redis-url: required for 'gemq {command}' "
                     "(or set GEMQ_REDIS_URL)")
 
@@ -192,11 +217,14 @@ def test_status_of_missing_run(redis_server: EmbeddedRedis) -> None:
     assert result.stdout == ""
 
 
-def test_redis_url_from_environment(redis_server: EmbeddedRedis) -> None:
-    result = gemq("status", "--run", "nosuch", env=_clean_env(GEMQ_REDIS_URL=redis_server.url))
+def test_redis_url_from_environment(redis_server: EmbeddedRedis, monkeypatch: pytest.MonkeyPatch,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("GEMQ_REDIS_URL", redis_server.url)
+    result = in_process(capsys, "status", "--run", "nosuch")
     assert assert_one_error(result, 1) == "gemq: error: no run 'nosuch' in Redis"
 
 
+@pytest.mark.slow
 def test_create_then_status(redis_server: EmbeddedRedis) -> None:
     created = gemq("create", "--run-id", "cli-1", "--model", "logreg", "--dataset", "digits",
                    "--steps", "7", "--lr", "0.2", "--redis-url", redis_server.url)
@@ -240,7 +268,7 @@ def test_wrong_password_is_not_retried() -> None:
         assert time.monotonic() - started < 5
     assert str(info.value).startswith(
         f"Redis at redis://:***@127.0.0.1:{server.port}/0 refused the credentials")
-    assert "wrong" not in str(info.value).split("credentials")[0]
+    assert "wrong" not in str(info.value)
 
 
 @pytest.mark.parametrize(("url", "shown"), [

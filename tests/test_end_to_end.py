@@ -1,0 +1,147 @@
+"""Whole runs: real Redis, aggregator and worker processes, the paper CNN on mnist5k."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+import torch
+
+from gemq.config import RunConfig
+from gemq.embedded import EmbeddedRedis
+from gemq.models import PaperCNN
+from gemq.runs import create_run
+from gemq.store import FINISHED, RunStore
+from tests.helpers import GemqProcess, wait_for
+
+pytestmark = pytest.mark.slow
+
+SUMMARY_KEYS = {
+    "run_id", "state", "updates_applied", "published", "rejected", "unused", "version",
+    "staleness_mean", "staleness_max", "energy_ratio", "median_pi", "wall_time_s",
+    "train_loss", "train_accuracy", "test_loss", "test_accuracy", "parameters",
+    "test_samples", "workers", "config", "model_path", "summary_path", "updates_per_s"}
+
+
+def test_gemq_run_trains_the_paper_cnn(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "gemq", "run", "--workers", "4", "--epochs", "10",
+         "--out", str(tmp_path / "run"), "--json", str(tmp_path / "s.json"), "--no-progress"],
+        capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert set(summary) >= SUMMARY_KEYS
+    assert summary["state"] == FINISHED
+    assert summary["updates_applied"] == 625  # 10 epochs of 4,000 samples at batch 64
+    assert summary["parameters"] == 163_790
+    assert summary["rejected"] == {}
+    assert summary["published"] == summary["updates_applied"] + summary["unused"]
+    assert summary["train_loss"] < 0.2
+    assert summary["test_accuracy"] >= 0.93
+    assert 0 < summary["staleness_mean"] < 20
+    assert "test accuracy:" in out.stdout and summary["model_path"] in out.stdout
+    model = PaperCNN()
+    model.load_state_dict(torch.load(summary["model_path"]))
+    assert Path(summary["summary_path"]).exists()
+
+
+def test_ctrl_c_stops_everything_and_the_private_redis(tmp_path: Path) -> None:
+    process = GemqProcess("run", "--workers", "2", "--epochs", "200", "--out",
+                          str(tmp_path / "run"))
+    try:
+        wait_for(lambda: "redis-server" in _children(process.process.pid), timeout_s=60,
+                 what="embedded redis")
+        wait_for(lambda: _python_children(process.process.pid) >= 3, timeout_s=60,
+                 what="aggregator and workers")
+        children = _descendants(process.process.pid)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(60) == 130, process.output()
+        assert "Traceback" not in process.output()
+        wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in children),
+                 timeout_s=20, what="children gone")
+    finally:
+        process.stop()
+
+
+def _descendants(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True,
+                         text=True).stdout.split()
+    direct = [int(p) for p in out]
+    return direct + [d for p in direct for d in _descendants(p)]
+
+
+def _children(pid: int) -> str:
+    return subprocess.run(["ps", "-o", "comm=", "--ppid", str(pid)], capture_output=True,
+                          text=True).stdout
+
+
+def _python_children(pid: int) -> int:
+    return sum(1 for line in _children(pid).split() if line.startswith("python"))
+
+
+def _distributed_run(client: redis.Redis, run_id: str, budget: int) -> RunStore:
+    config = RunConfig(run_id=run_id, budget_updates=budget, worker_timeout_s=5)
+    return create_run(client, config)
+
+
+def test_a_killed_worker_does_not_stop_the_run(redis_server: EmbeddedRedis,
+                                               redis_client: redis.Redis) -> None:
+    store = _distributed_run(redis_client, "elastic", budget=500)
+    url = redis_server.url
+    aggregator = GemqProcess("aggregator", "--run", "elastic", "--redis-url", url)
+    workers = [GemqProcess("worker", "--run", "elastic", "--redis-url", url,
+                           "--worker-id", f"w{i}") for i in range(3)]
+    try:
+        wait_for(lambda: store.counters().get("applied", 0) >= 100, timeout_s=120,
+                 what="100 updates")
+        workers[0].send_signal(signal.SIGKILL)
+        assert aggregator.wait(180) == 0, aggregator.output()
+        assert store.state() == FINISHED
+        states = store.worker_states()
+        assert set(states) == {"w0", "w1", "w2"}
+        # the survivors carried the run past the point where w0 died
+        assert int(states["w1"]["applied"]) + int(states["w2"]["applied"]) > 400 - int(
+            states["w0"]["applied"])
+        for w in workers[1:]:
+            assert w.wait(30) == 0, w.output()
+    finally:
+        for p in (aggregator, *workers):
+            p.stop()
+
+
+def test_training_survives_aggregator_sigkills(redis_server: EmbeddedRedis,
+                                               redis_client: redis.Redis) -> None:
+    store = _distributed_run(redis_client, "chaos", budget=600)
+    url = redis_server.url
+    agg_args = ("aggregator", "--run", "chaos", "--redis-url", url, "--lease-ms", "500")
+    workers = [GemqProcess("worker", "--run", "chaos", "--redis-url", url,
+                           "--worker-id", f"w{i}") for i in range(3)]
+    aggregator = GemqProcess(*agg_args)
+    kills = 0
+    try:
+        for target in (100, 200, 300, 400, 500):
+            wait_for(lambda t=target: store.counters().get("applied", 0) >= t,
+                     timeout_s=120, what=f"{target} updates")
+            aggregator.send_signal(signal.SIGKILL)
+            aggregator.wait()
+            aggregator.stop()
+            kills += 1
+            aggregator = GemqProcess(*agg_args)
+        assert aggregator.wait(180) == 0, aggregator.output()
+        for w in workers:
+            assert w.wait(30) == 0, w.output()
+    finally:
+        for p in (aggregator, *workers):
+            p.stop()
+    counters = store.counters()
+    rejected = sum(v for k, v in counters.items() if k.startswith("rejected:"))
+    unused = counters.get("unused", 0) + store.unconsumed(store.head().last_id)
+    assert kills == 5
+    assert counters["applied"] == 600 == store.head().version
+    assert counters["published"] == counters["applied"] + rejected + unused
+    assert store.state() == FINISHED
