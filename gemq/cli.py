@@ -46,6 +46,10 @@ def _add_redis(parser: argparse.ArgumentParser, required: bool) -> None:
                              + ("" if required else "; default: a private embedded Redis"))
 
 
+def _add_run(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--run", dest="run_id", default=None, help="the run id (required)")
+
+
 def _add_training(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training")
     group.add_argument("--algo", choices=ALGORITHMS, default="gem")
@@ -67,7 +71,8 @@ def _add_training(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-pending", type=_positive_int, default=64,
                        help="workers wait while the stream holds more gradients than this")
     group.add_argument("--wire-dtype", choices=tuple(WIRE_DTYPES), default="float32")
-    group.add_argument("--run-id", default=None, help="default: run-<date>-<time>-<random>")
+    group.add_argument("--run", dest="run_id", default=None,
+                       help="run id; default: run-<date>-<time>-<random>")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,12 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_redis(create, required=True)
 
     aggregator = commands.add_parser("aggregator", help="aggregate one run (numpy only)")
-    aggregator.add_argument("--run", dest="run_id", required=True)
+    _add_run(aggregator)
     _add_redis(aggregator, required=True)
     aggregator.add_argument("--lease-ms", type=_positive_int, default=5000)
 
     worker = commands.add_parser("worker", help="compute gradients for one run")
-    worker.add_argument("--run", dest="run_id", required=True)
+    _add_run(worker)
     _add_redis(worker, required=True)
     worker.add_argument("--workers", type=_positive_int, default=1,
                         help="logical workers in this process (one thread each)")
@@ -104,11 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--device", default="cpu", help="auto, cpu or cuda[:N]")
 
     status = commands.add_parser("status", help="print a run's state and counters as JSON")
-    status.add_argument("--run", dest="run_id", required=True)
+    _add_run(status)
     _add_redis(status, required=True)
 
-    for sub in (run, create, aggregator, worker, status):
-        apply_env_defaults(sub, os.environ)
+    for each in (parser, run, create, aggregator, worker, status):
+        apply_env_defaults(each, os.environ)
     return parser
 
 
@@ -129,11 +134,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def _required(args: argparse.Namespace, dest: str, flag: str) -> str:
+    # Checked here, not by argparse: a required argparse option ignores its env default.
+    value = getattr(args, dest)
+    if not value:
+        env = "GEMQ_" + flag.removeprefix("--").replace("-", "_").upper()
+        raise ConfigError(flag, f"required for 'gemq {args.command}' (or set {env})")
+    return str(value)
+
+
 def _require_url(args: argparse.Namespace) -> str:
-    if not args.redis_url:
-        raise ConfigError("--redis-url", f"required for 'gemq {args.command}' "
-                                         "(or set GEMQ_REDIS_URL)")
-    return str(args.redis_url)
+    return _required(args, "redis_url", "--redis-url")
+
+
+def _require_run(args: argparse.Namespace) -> str:
+    return _required(args, "run_id", "--run")
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -194,14 +209,15 @@ def _cmd_aggregator(args: argparse.Namespace) -> int:
     from gemq.process import graceful_shutdown
     from gemq.store import ENDED, RunStore
 
-    client = connect(_require_url(args))
+    run_id, url = _require_run(args), _require_url(args)
+    client = connect(url)
     try:
-        store = RunStore(client, args.run_id)
+        store = RunStore(client, run_id)
         final = Aggregator(store, AggregatorOptions(lease_ms=args.lease_ms)).run(
             graceful_shutdown())
     finally:
         client.close()
-    print(f"run {args.run_id}: {final}")
+    print(f"run {run_id}: {final}")
     return 0 if final in ENDED or final == "shutdown" else 1
 
 
@@ -219,13 +235,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     ids = [prefix] if args.workers == 1 else [f"{prefix}-{i}" for i in range(args.workers)]
     if args.workers > 1:
         torch.set_num_threads(1)
-    client = connect(_require_url(args))
+    run_id, url = _require_run(args), _require_url(args)
+    client = connect(url)
     try:
-        steps = run_workers(RunStore(client, args.run_id), ids, WorkerOptions(args.device),
+        steps = run_workers(RunStore(client, run_id), ids, WorkerOptions(args.device),
                             graceful_shutdown())
     finally:
         client.close()
-    print(f"run {args.run_id}: {sum(steps.values())} gradients published by {len(ids)} workers")
+    print(f"run {run_id}: {sum(steps.values())} gradients published by {len(ids)} workers")
     return 0
 
 
@@ -234,9 +251,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from gemq.store import RunStore
     from gemq.summary import run_totals
 
-    client = connect(_require_url(args))
+    run_id, url = _require_run(args), _require_url(args)
+    client = connect(url)
     try:
-        store = RunStore(client, args.run_id)
+        store = RunStore(client, run_id)
         print(json.dumps({**run_totals(store), "workers": store.worker_states()}, indent=2))
     finally:
         client.close()

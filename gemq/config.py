@@ -65,6 +65,8 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         known = {f.name: f for f in dataclasses.fields(cls)}
+        if "run_id" not in data:
+            raise ConfigError("run_id", "is required")
         unknown = sorted(set(data) - set(known))
         if unknown:
             raise ConfigError(unknown[0], "unknown setting")

@@ -76,9 +76,13 @@ def _read_idx(directory: Path, stem: str) -> np.ndarray:
             opener = gzip.open if candidate.suffix == ".gz" else open
             with opener(candidate, "rb") as f:
                 raw = f.read()
-            ndim = raw[3]
-            shape = np.frombuffer(raw, ">u4", count=ndim, offset=4)
-            return np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim).reshape(shape)
+            try:
+                ndim = raw[3]
+                shape = np.frombuffer(raw, ">u4", count=ndim, offset=4)
+                return np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim).reshape(shape)
+            except (IndexError, ValueError) as e:
+                raise SpecError(f"dataset mnist-idx:{directory}: {candidate.name} is not a "
+                                f"valid IDX file: {e}") from e
     raise SpecError(f"dataset mnist-idx:{directory}: {stem}[.gz] not found")
 
 
@@ -87,6 +91,9 @@ def _mnist_idx(directory: Path) -> DataSplit:
     for split, prefix in (("train", "train"), ("test", "t10k")):
         x = _read_idx(directory, f"{prefix}-images-idx3-ubyte").reshape(-1, 784)
         y = _read_idx(directory, f"{prefix}-labels-idx1-ubyte")
+        if len(x) != len(y):
+            raise SpecError(f"dataset mnist-idx:{directory}: {len(x)} {split} images but "
+                            f"{len(y)} labels")
         x_t = torch.from_numpy(((x / 255.0 - MNIST_MEAN) / MNIST_STD).astype(np.float32))
         parts[split] = TensorDataset(x_t, torch.from_numpy(y.astype(np.int64)))
     return DataSplit(parts["train"], parts["test"], 784, 10)

@@ -86,7 +86,9 @@ class EmbeddedRedis:
                 if self.process is not None and self.process.poll() is not None:
                     raise GemqError(f"redis-server exited at start-up: {self.log_tail()}")
                 try:
-                    client.ping()
+                    pid = client.info("server")["process_id"]
+                    if self.process is not None and pid != self.process.pid:
+                        self._another_server_answered(pid)
                     return
                 except (redis.ConnectionError, redis.BusyLoadingError) as e:
                     if time.monotonic() > deadline:
@@ -95,6 +97,15 @@ class EmbeddedRedis:
                     time.sleep(0.02)
         finally:
             client.close()
+
+    def _another_server_answered(self, pid: int) -> None:
+        """Someone else's Redis holds our port: ours will fail to bind; say why."""
+        assert self.process is not None
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            raise GemqError(f"port {self.port} is served by another Redis (pid {pid})") from None
+        raise GemqError(f"redis-server exited at start-up: {self.log_tail()}")
 
     def log_tail(self, lines: int = 5) -> str:
         path = self.directory / "redis.log"

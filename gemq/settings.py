@@ -1,4 +1,4 @@
-"""Settings from the environment: every CLI flag ``--some-flag`` has ``GEMQ_SOME_FLAG``.
+"""Settings from the environment: every CLI option ``--some-flag`` has ``GEMQ_SOME_FLAG``.
 
 This is the one module of the library that reads environment variables, and only because the
 CLI hands it ``os.environ``: containers configure gemq without flags. Explicit flags win.
@@ -14,15 +14,19 @@ from gemq.errors import ConfigError
 PREFIX = "GEMQ_"
 
 
-def env_name(dest: str) -> str:
-    return PREFIX + dest.upper()
+def env_name(action: argparse.Action) -> str | None:
+    """``--redis-url`` -> ``GEMQ_REDIS_URL``; None for positionals and --help."""
+    long_options = [o for o in action.option_strings if o.startswith("--")]
+    if not long_options or action.dest == "help":
+        return None
+    return PREFIX + long_options[0].removeprefix("--").replace("-", "_").upper()
 
 
 def apply_env_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
-    """Use ``GEMQ_<DEST>`` variables as defaults of ``parser``'s options."""
+    """Use ``GEMQ_<FLAG>`` variables as defaults of ``parser``'s options."""
     for action in parser._actions:  # argparse offers no public iterator over its options
-        name = env_name(action.dest)
-        if name not in environ or not action.option_strings or action.dest == "help":
+        name = env_name(action)
+        if name is None or name not in environ:
             continue
         parser.set_defaults(**{action.dest: _convert(action, name, environ[name])})
 

@@ -226,10 +226,10 @@ def test_redis_url_from_environment(redis_server: EmbeddedRedis, monkeypatch: py
 
 @pytest.mark.slow
 def test_create_then_status(redis_server: EmbeddedRedis) -> None:
-    created = gemq("create", "--run-id", "cli-1", "--model", "logreg", "--dataset", "digits",
+    created = gemq("create", "--run", "cli-1", "--model", "logreg", "--dataset", "digits",
                    "--steps", "7", "--lr", "0.2", "--redis-url", redis_server.url)
     assert (created.returncode, created.stdout, created.stderr) == (0, "cli-1\n", "")
-    again = gemq("create", "--run-id", "cli-1", "--model", "logreg", "--dataset", "digits",
+    again = gemq("create", "--run", "cli-1", "--model", "logreg", "--dataset", "digits",
                  "--redis-url", redis_server.url)
     assert "cli-1" in assert_one_error(again, 1)
     status = gemq("status", "--run", "cli-1", "--redis-url", redis_server.url)
@@ -283,9 +283,13 @@ def test_redact(url: str, shown: str) -> None:
 # --- environment defaults (in process: faster) ------------------------------------------
 
 
-def test_env_name() -> None:
-    assert env_name("redis_url") == "GEMQ_REDIS_URL"
-    assert env_name("pi_max") == "GEMQ_PI_MAX"
+def test_env_name_is_the_long_flag_in_capitals() -> None:
+    run = _subparser(cli.build_parser(), "run")
+    names = {action.option_strings[-1]: env_name(action) for action in run._actions}
+    assert names["--redis-url"] == "GEMQ_REDIS_URL"
+    assert names["--pi-max"] == "GEMQ_PI_MAX"
+    assert names["--run"] == "GEMQ_RUN"
+    assert names["--help"] is None
 
 
 def test_apply_env_defaults_with_a_dict() -> None:
@@ -357,7 +361,7 @@ def test_main_reports_bad_env_in_process(monkeypatch: pytest.MonkeyPatch,
 
 def test_env_can_supply_the_run_of_a_command(monkeypatch: pytest.MonkeyPatch) -> None:
     """Containers configure gemq by environment alone, the run id included."""
-    monkeypatch.setenv(env_name("run_id"), "from-env")
+    monkeypatch.setenv("GEMQ_RUN", "from-env")
     parser = cli.build_parser()
     assert parser.parse_args(["status", "--redis-url", "redis://x:1/0"]).run_id == "from-env"
 
