@@ -85,7 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="train locally: Redis, aggregator and workers")
     _add_training(run)
     _add_redis(run, required=False)
-    run.add_argument("--workers", type=_positive_int, default=4, help="worker processes")
+    run.add_argument("--workers", type=_positive_int, default=4, help="logical workers")
+    run.add_argument("--worker-processes", type=int, default=0,
+                     help="processes hosting them as threads; 0: min(workers, max(4, CPUs))")
     run.add_argument("--device", default="cpu", help="auto, cpu or cuda[:N] for workers")
     run.add_argument("--out", type=Path, default=None, help="default: runs/<run-id>")
     run.add_argument("--json", type=Path, default=None, help="also write the summary here")
@@ -161,7 +163,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 def _cmd_run(args: argparse.Namespace) -> int:
     from gemq.local import train
 
-    summary = train(workers=args.workers, epochs=args.epochs, steps=args.steps,
+    summary = train(workers=args.workers, worker_processes=args.worker_processes,
+                    epochs=args.epochs, steps=args.steps,
                     redis_url=args.redis_url, out_dir=args.out, progress=not args.no_progress,
                     device=args.device, run_id=args.run_id, **_settings(args))
     if args.json:

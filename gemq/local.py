@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing as mp
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -47,8 +48,9 @@ DatasetSpec = str | Callable[[], Any]
 @dataclass(frozen=True)
 class LocalOptions:
     workers: int = 4
-    #: Logical workers hosted by each worker process (threads).
-    workers_per_process: int = 1
+    #: Worker processes; the logical workers are spread over them as threads. 0: as many
+    #: as workers, up to max(4, CPU count).
+    worker_processes: int = 0
     redis_url: str | None = None
     out_dir: Path | None = None
     progress: bool = True
@@ -59,7 +61,7 @@ class LocalOptions:
 def train(*, model: ModelSpec = "cnn", dataset: DatasetSpec = "mnist5k", workers: int = 4,
           epochs: float | None = None, steps: int | None = None,
           redis_url: str | None = None, out_dir: str | Path | None = None,
-          progress: bool = True, device: str = "cpu", workers_per_process: int = 1,
+          progress: bool = True, device: str = "cpu", worker_processes: int = 0,
           **settings: Any) -> dict[str, Any]:
     """Train locally and return the run summary (also written to ``out_dir``).
 
@@ -73,7 +75,7 @@ def train(*, model: ModelSpec = "cnn", dataset: DatasetSpec = "mnist5k", workers
     budget = steps or budget_for(epochs if epochs is not None else 10, data,
                                  config.batch_size)
     config = config.replace(budget_updates=budget)
-    options = LocalOptions(workers=workers, workers_per_process=workers_per_process,
+    options = LocalOptions(workers=workers, worker_processes=worker_processes,
                            redis_url=redis_url,
                            out_dir=Path(out_dir) if out_dir else None,
                            progress=progress, device=device)
@@ -149,9 +151,10 @@ def _supervise(url: str, store: RunStore, config: RunConfig, options: LocalOptio
 
 
 def _worker_groups(run_id: str, options: LocalOptions) -> list[list[str]]:
+    """Logical worker ids, dealt round-robin over the worker processes."""
     ids = [f"{run_id}-w{i}" for i in range(options.workers)]
-    size = max(1, options.workers_per_process)
-    return [ids[i:i + size] for i in range(0, len(ids), size)]
+    processes = options.worker_processes or min(options.workers, max(4, os.cpu_count() or 1))
+    return [ids[i::processes] for i in range(min(processes, len(ids)))]
 
 
 def _terminate(processes: list[BaseProcess]) -> None:

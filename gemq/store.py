@@ -22,8 +22,8 @@ from gemq.keys import AGGREGATOR_CONSUMER, AGGREGATOR_GROUP, RUNS_INDEX, RunKeys
 from gemq.layout import ParamLayout
 
 #: Run lifecycle states, as stored in the status hash.
-CREATED, RUNNING, STOPPING, FINISHED, STOPPED, FAILED = (
-    "created", "running", "stopping", "finished", "stopped", "failed")
+CREATED, RUNNING, FINISHED, STOPPED, FAILED = (
+    "created", "running", "finished", "stopped", "failed")
 ENDED = (FINISHED, STOPPED, FAILED)
 Fields = dict[bytes, bytes]
 #: Metrics entries kept per run (approximately: trimming is lazy).

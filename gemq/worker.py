@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -34,6 +35,8 @@ class WorkerOptions:
     device: str = "cpu"
     #: While the stream is over its bound, check again after this long (s).
     backpressure_poll_s: float = 0.005
+    #: A waiting worker still heartbeats this often (s), so it shows as alive.
+    heartbeat_s: float = 1.0
 
 
 def resolve_device(name: str) -> torch.device:
@@ -59,6 +62,7 @@ class Worker:
         self.batches = minibatches(data.train, config.batch_size,
                                    worker_seed(config.seed, worker_id))
         self.steps = 0
+        self._last_heartbeat = 0.0
 
     def _build_model(self, data: DataSplit) -> nn.Module:
         model = build_model(self.config.model, data.in_features, data.num_classes)
@@ -74,11 +78,9 @@ class Worker:
             view = self.store.worker_view()
             if view.state in ENDED:
                 break
-            if view.state == CREATED:  # no aggregator yet: gradients would only go stale
-                shutdown.wait(self.options.backpressure_poll_s * 20)
-                continue
-            if view.pending >= self.config.max_pending:
-                shutdown.wait(self.options.backpressure_poll_s)  # backpressure
+            if view.state == CREATED or view.pending >= self.config.max_pending:
+                # No aggregator yet (gradients would only go stale), or backpressure.
+                self._wait(shutdown)
                 continue
             if view.version != version:
                 version, params = self.store.latest()
@@ -88,9 +90,16 @@ class Worker:
                 run_id=self.config.run_id, worker_id=self.worker_id, param_version=version,
                 samples=self.config.batch_size, loss=loss, layout_id=self.layout_id,
                 gradient=gradient, dtype=self.config.wire_dtype)
-            self.store.publish_gradient(self.worker_id, message)
+            self.store.publish_gradient(self.worker_id, message)  # also a heartbeat
+            self._last_heartbeat = time.monotonic()
             self.steps += 1
         return self.steps
+
+    def _wait(self, shutdown: threading.Event) -> None:
+        if time.monotonic() - self._last_heartbeat > self.options.heartbeat_s:
+            self.store.heartbeat(self.worker_id)
+            self._last_heartbeat = time.monotonic()
+        shutdown.wait(self.options.backpressure_poll_s)
 
     def _gradient(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
                   ) -> tuple[float, np.ndarray]:

@@ -1,0 +1,113 @@
+"""Workers against a real Redis: backpressure, threads, heartbeats, layout checks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import redis
+
+from gemq import codec
+from gemq.aggregator import Aggregator, AggregatorOptions, Leader
+from gemq.config import RunConfig
+from gemq.errors import GemqError
+from gemq.runs import create_run
+from gemq.store import RUNNING, RunStore
+from gemq.worker import WorkerOptions, run_workers
+from tests.helpers import wait_for
+
+TINY = {"model": "logreg", "dataset": "digits", "batch_size": 16}
+
+
+def tiny_run(client: redis.Redis, run_id: str = "wk", **settings: object) -> RunStore:
+    return create_run(client, RunConfig.from_dict({"run_id": run_id, **TINY, **settings}))
+
+
+def start_workers(store: RunStore, ids: list[str]) -> tuple[threading.Thread,
+                                                             threading.Event, dict[str, int]]:
+    shutdown = threading.Event()
+    result: dict[str, int] = {}
+    thread = threading.Thread(target=lambda: result.update(
+        run_workers(store, ids, WorkerOptions(heartbeat_s=0.1), shutdown)))
+    thread.start()
+    return thread, shutdown, result
+
+
+def test_workers_wait_while_the_stream_is_full(redis_client: redis.Redis) -> None:
+    store = tiny_run(redis_client, max_pending=5)
+    store.set_status(state=RUNNING)  # as if an aggregator ran, but none consumes
+    thread, shutdown, result = start_workers(store, ["a", "b"])
+    wait_for(lambda: redis_client.xlen(store.keys.gradients) >= 5, what="stream fills")
+    time.sleep(0.5)
+    length = redis_client.xlen(store.keys.gradients)
+    beats = {w: store.worker_states()[w]["heartbeat_ms"] for w in ("a", "b")}
+    time.sleep(0.5)
+    shutdown.set()
+    thread.join(10)
+    # each worker may have checked the bound just before the other's last XADD
+    assert 5 <= length <= 6
+    assert redis_client.xlen(store.keys.gradients) == length
+    assert sum(result.values()) == length
+    later = store.worker_states()
+    assert all(later[w]["heartbeat_ms"] > beats[w] for w in beats)  # waiting, yet alive
+
+
+def test_workers_wait_for_the_aggregator_to_start(redis_client: redis.Redis) -> None:
+    store = tiny_run(redis_client)
+    thread, shutdown, result = start_workers(store, ["a"])
+    time.sleep(0.5)
+    assert redis_client.xlen(store.keys.gradients) == 0  # nothing computed on stale params
+    shutdown.set()
+    thread.join(10)
+    assert result == {"a": 0}
+
+
+def test_threads_in_one_process_train_together(redis_client: redis.Redis) -> None:
+    store = tiny_run(redis_client, budget_updates=300)
+    agg_shutdown = threading.Event()
+    agg = threading.Thread(target=lambda: Aggregator(store, AggregatorOptions(lease_ms=2000))
+                           .run(agg_shutdown))
+    agg.start()
+    thread, _, result = start_workers(store, [f"t{i}" for i in range(6)])
+    thread.join(120)
+    agg.join(30)
+    assert set(result) == {f"t{i}" for i in range(6)}
+    assert all(steps > 0 for steps in result.values())
+    counters = store.counters()
+    assert counters["applied"] == 300
+    applied = {w: int(s.get("applied", 0)) for w, s in store.worker_states().items()}
+    assert sum(applied.values()) == 300 and min(applied.values()) > 0
+
+
+def test_a_model_that_does_not_match_the_run_is_refused(redis_client: redis.Redis) -> None:
+    store = tiny_run(redis_client)
+    redis_client.set(store.keys.config, store.config().replace(model="mlp").to_json())
+    with pytest.raises(GemqError, match="does not match the parameter layout"):
+        run_workers(store, ["a"], WorkerOptions(), threading.Event())
+
+
+def test_silent_worker_loses_its_gem_state(redis_client: redis.Redis) -> None:
+    store = tiny_run(redis_client, worker_timeout_s=0.3, budget_updates=10**6)
+    leader = Leader(store, store.config(), store.layout())
+
+    def message(worker: str) -> bytes:
+        return codec.encode(run_id=store.run_id, worker_id=worker, param_version=0,
+                            samples=16, loss=1.0, layout_id=store.layout().layout_id,
+                            gradient=np.ones(store.layout().size, np.float32))
+
+    leader.process([("1-0", message("quiet"), "quiet"), ("2-0", message("busy"), "busy")])
+    assert set(leader.rule.workers) == {"quiet", "busy"}
+    time.sleep(0.4)
+    leader.process([("3-0", message("busy"), "busy")])
+    assert leader.rule.workers == ["busy"]
+
+
+def test_the_aggregator_imports_without_torch() -> None:
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import gemq.aggregator, gemq.cli\n"
+            "assert 'torch' not in {m for m in sys.modules if sys.modules[m] is not None}\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
