@@ -101,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(aggregator)
     _add_redis(aggregator, required=True)
     aggregator.add_argument("--lease-ms", type=_positive_int, default=5000)
+    aggregator.add_argument("--serve", action="store_true",
+                            help="the aggregator service: take runs' jobs off the rq queue")
 
     worker = commands.add_parser("worker", help="compute gradients for one run")
     _add_run(worker)
@@ -109,12 +111,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="logical workers in this process (one thread each)")
     worker.add_argument("--worker-id", default=None, help="id prefix; default: host-pid")
     worker.add_argument("--device", default="cpu", help="auto, cpu or cuda[:N]")
+    worker.add_argument("--follow", action="store_true",
+                        help="the worker service: join whichever run is running, wait between "
+                             "runs (with --run: only that run)")
+
+    serve = commands.add_parser("serve", help="the REST API and live dashboard")
+    _add_redis(serve, required=True)
+    serve.add_argument("--host", default=None, help="default 127.0.0.1; others need a token")
+    serve.add_argument("--port", type=int, default=None, help="default 8000")
 
     status = commands.add_parser("status", help="print a run's state and counters as JSON")
     _add_run(status)
     _add_redis(status, required=True)
 
-    for each in (parser, run, create, aggregator, worker, status):
+    for each in (parser, run, create, aggregator, worker, status, serve):
         apply_env_defaults(each, os.environ)
     return parser
 
@@ -122,7 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+        service = (args.command == "serve" or getattr(args, "serve", False)
+                   or getattr(args, "follow", False))
+        logging.basicConfig(level=logging.INFO if args.verbose or service else logging.WARNING,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         return int(COMMANDS[args.command](args) or 0)
     except ConfigError as e:
@@ -207,6 +219,13 @@ def _cmd_create(args: argparse.Namespace) -> int:
 
 
 def _cmd_aggregator(args: argparse.Namespace) -> int:
+    if args.serve:
+        from services.aggregator import serve
+        from services.settings import AggregatorServiceSettings, load
+
+        serve(load(AggregatorServiceSettings, redis_url=args.redis_url,
+                   lease_ms=args.lease_ms))
+        return 0
     from gemq.aggregator import Aggregator, AggregatorOptions
     from gemq.connection import connect
     from gemq.process import graceful_shutdown
@@ -225,6 +244,15 @@ def _cmd_aggregator(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
+    if args.follow:
+        from gemq.process import graceful_shutdown
+        from services.settings import WorkerServiceSettings, load
+        from services.worker import follow
+
+        settings = load(WorkerServiceSettings, redis_url=args.redis_url, run=args.run_id,
+                        workers=args.workers, device=args.device)
+        follow(settings, graceful_shutdown())
+        return 0
     import socket
 
     import torch
@@ -264,5 +292,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from services.api.app import serve
+    from services.settings import ApiSettings, load
+
+    serve(load(ApiSettings, redis_url=args.redis_url, host=args.host, port=args.port))
+    return 0
+
+
 COMMANDS = {"run": _cmd_run, "create": _cmd_create, "aggregator": _cmd_aggregator,
-            "worker": _cmd_worker, "status": _cmd_status}
+            "worker": _cmd_worker, "status": _cmd_status, "serve": _cmd_serve}

@@ -11,8 +11,8 @@ from typing import Any
 from gemq.errors import ConfigError
 from gemq.keys import is_valid_run_id
 
-ALGORITHMS = ("gem", "downpour", "adaptive")
-PROXIES = ("local",)
+ALGORITHMS = ("gem", "downpour", "adaptive", "dcasgd")
+PROXIES = ("local", "global")
 WIRE_DTYPES = ("float32", "float16")
 
 

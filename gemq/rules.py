@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gemq.config import RunConfig
+from gemq.errors import ConfigError
 
 #: Medians of pi are taken over at most this many evenly spaced elements: an exact median
 #: costs ~1.5 ms on the paper CNN, the strided estimate ~0.1 ms.
@@ -140,6 +141,63 @@ class GEM(Rule):
         np.clip(pi, 0.0, self.pi_max, out=pi)
 
 
+class GlobalGEM(GEM):
+    """GEM with one proxy for the whole system (``proxy = global``, the paper's conclusion).
+
+    The moment is estimated at the aggregator from every worker's raw update, in arrival
+    order: ``m <- mu m + delta`` once per central update, instead of once per step of one
+    worker. Memory is one moment whatever the number of workers.
+    """
+
+    name = "gem-global"
+
+    def __init__(self, size: int, *, lr: float, momentum: float, kappa: float = 1.0,
+                 pi_max: float = 5.0, eps: float = 1e-12) -> None:
+        super().__init__(size, lr=lr, momentum=momentum, kappa=kappa, pi_max=pi_max, eps=eps)
+        self._global = np.zeros(size, np.float32)
+        self._seen: dict[str, None] = {}  # insertion-ordered set of the workers heard
+
+    @property
+    def workers(self) -> list[str]:
+        return list(self._seen)
+
+    def forget(self, worker_id: str) -> None:
+        # The shared moment is the system's, not the worker's: it survives the worker.
+        self._seen.pop(worker_id, None)
+
+    def _moment(self, worker_id: str) -> np.ndarray:
+        self._seen[worker_id] = None
+        return self._global
+
+
+#: DC-ASGD's lambda when the caller does not choose one (see docs/results/README.md).
+DCASGD_LAMBDA = 1.0
+
+
+class DCASGD(Rule):
+    """Delay-compensated ASGD (Zheng et al. 2017, constant lambda):
+    theta <- theta - lr (g + lambda g * g * (theta - s)).
+
+    The element-wise Taylor correction g * g * drift approximates how the gradient moved
+    while the worker computed. As a scale of delta = -lr g it is 1 + lambda g drift, which
+    is what ``last_scale`` (and median pi) report.
+    """
+
+    name = "dcasgd"
+
+    def __init__(self, size: int, *, lr: float, momentum: float, kappa: float = 1.0,
+                 lam: float = DCASGD_LAMBDA) -> None:
+        super().__init__(size, lr=lr, momentum=momentum, kappa=kappa)
+        self.lam = lam
+
+    def _compute_scale(self, moment: np.ndarray, delta: np.ndarray, drift: np.ndarray,
+                       staleness: int) -> None:
+        scale = self._scale
+        np.multiply(delta, drift, out=scale)
+        scale *= -self.lam / self.lr  # g = -delta / lr
+        scale += 1.0
+
+
 def median_sample(values: np.ndarray) -> float:
     """Median of ``values``, estimated on at most MEDIAN_SAMPLE evenly spaced elements."""
     if values.size == 0:
@@ -148,11 +206,20 @@ def median_sample(values: np.ndarray) -> float:
     return float(np.median(values[::stride]))
 
 
-def make_rule(config: RunConfig, size: int) -> Rule:
-    """The rule a run's configuration asks for."""
+def make_rule(config: RunConfig, size: int, *,
+              dcasgd_lambda: float = DCASGD_LAMBDA) -> Rule:
+    """The rule a run's configuration asks for (``dcasgd_lambda``: DC-ASGD's lambda)."""
     common = {"lr": config.lr, "momentum": config.momentum, "kappa": config.kappa}
     if config.algo == "gem":
-        return GEM(size, pi_max=config.pi_max, eps=config.eps, **common)
+        gem = GlobalGEM if config.proxy == "global" else GEM
+        return gem(size, pi_max=config.pi_max, eps=config.eps, **common)
+    if config.proxy != "local":
+        raise ConfigError("proxy", f"{config.proxy!r} is a GEM option; algo "
+                                   f"{config.algo!r} has no proxy to estimate")
     if config.algo == "downpour":
         return Downpour(size, **common)
+    if config.algo == "dcasgd":
+        if not (math.isfinite(dcasgd_lambda) and dcasgd_lambda >= 0):
+            raise ConfigError("dcasgd_lambda", f"must be finite and >= 0, got {dcasgd_lambda}")
+        return DCASGD(size, lam=dcasgd_lambda, **common)
     return AdaptiveStaleness(size, **common)

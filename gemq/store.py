@@ -262,7 +262,21 @@ class RunStore:
     def metrics_since(self, after_id: str = "0-0",
                       count: int = 1000) -> list[tuple[str, dict[str, str]]]:
         rows = self._r.xrange(self.keys.metrics, min=f"({after_id}", count=count)
-        return [(i.decode(), {k.decode(): v.decode() for k, v in f.items()}) for i, f in rows]
+        return _decoded_rows(rows)
+
+    def latest_metrics(self, count: int) -> list[tuple[str, dict[str, str]]]:
+        """The newest ``count`` metrics rows, oldest first."""
+        return _decoded_rows(reversed(self._r.xrevrange(self.keys.metrics, count=count)))
+
+
+def run_ids(client: redis.Redis, limit: int = 100) -> list[str]:
+    """Ids of the runs in the index, newest first."""
+    raw: Any = client.zrevrange(RUNS_INDEX, 0, limit - 1)
+    return [r.decode() for r in raw]
+
+
+def _decoded_rows(rows: Any) -> list[tuple[str, dict[str, str]]]:
+    return [(i.decode(), {k.decode(): v.decode() for k, v in f.items()}) for i, f in rows]
 
 
 def as_f32_bytes(params: np.ndarray) -> bytes:

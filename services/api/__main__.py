@@ -1,0 +1,3 @@
+from services.api.app import main
+
+main()

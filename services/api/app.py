@@ -1,0 +1,78 @@
+"""The API + dashboard service (FastAPI). ``gemq serve`` or ``python -m services.api``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
+
+from gemq import __version__
+from gemq.connection import connect, redact
+from gemq.errors import GemqError
+from gemq.process import setup_logging
+from services.api.routes import events, health, metrics, runs
+from services.settings import LOOPBACK, ApiSettings, load
+
+log = logging.getLogger(__name__)
+WEB_DIR = Path(__file__).resolve().parents[2] / "web"
+
+
+def create_app(settings: ApiSettings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.redis = connect(settings.redis_url, wait_s=float("inf"))
+        try:
+            yield
+        finally:
+            app.state.redis.close()
+
+    app = FastAPI(title="gemq", version=__version__, lifespan=lifespan,
+                  description="Start, stop and watch asynchronous GEM training runs.")
+    app.state.settings = settings
+    for module in (health, metrics, runs, events):
+        app.include_router(module.router)
+    _mount_dashboard(app)
+    return app
+
+
+def _mount_dashboard(app: FastAPI) -> None:
+    if not (WEB_DIR / "index.html").exists():
+        log.warning("no dashboard: %s/index.html is missing", WEB_DIR)
+        return
+    app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
+
+    @app.get("/", include_in_schema=False)
+    def dashboard() -> FileResponse:
+        return FileResponse(WEB_DIR / "index.html")
+
+
+def check_binding(settings: ApiSettings) -> None:
+    """Without a token, refuse to listen beyond this machine."""
+    if settings.api_token is None and settings.host not in LOOPBACK:
+        raise GemqError(f"refusing to listen on {settings.host} without GEMQ_API_TOKEN: set a "
+                        "token, or keep the default host 127.0.0.1")
+
+
+def serve(settings: ApiSettings) -> None:
+    check_binding(settings)
+    if settings.api_token is None:
+        log.warning("no GEMQ_API_TOKEN: listening on loopback only, mutations unauthenticated")
+    log.info("API and dashboard on http://%s:%d (Redis %s)", settings.host, settings.port,
+             redact(settings.redis_url))
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
+                log_level="info", access_log=False)
+
+
+def main() -> None:
+    setup_logging()
+    serve(load(ApiSettings))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Runs: create, start, list, inspect, stop, metrics, model download."""
+
+from __future__ import annotations
+
+import io
+from functools import lru_cache
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Query
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import Response
+
+from gemq.config import RunConfig
+from gemq.data import DataSplit, load_dataset
+from gemq.errors import ConfigError, SpecError
+from gemq.runs import budget_for, create_run, new_run_id
+from gemq.store import CREATED, ENDED, RunStore
+from services.api import views
+from services.api.deps import Reader, RedisClient, Settings, Store, Writer
+from services.api.schemas import RunRequest
+from services.jobs import enqueue_aggregation
+
+router = APIRouter(prefix="/api/runs", tags=["runs"])
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such run"}}
+
+
+@lru_cache(maxsize=8)
+def _dataset(spec: str) -> DataSplit:
+    return load_dataset(spec)
+
+
+def _create(client: Any, request: RunRequest) -> RunStore:
+    try:
+        data = _dataset(request.dataset)
+    except SpecError as e:
+        raise _unprocessable("dataset", str(e)) from e
+    budget = request.steps or budget_for(request.epochs or 10, data, request.batch_size)
+    try:
+        config = RunConfig.from_dict({"run_id": request.run_id or new_run_id(),
+                                      "budget_updates": budget, **request.settings()})
+        return create_run(client, config, data)
+    except ConfigError as e:
+        raise _unprocessable(e.field, str(e)) from e
+    except SpecError as e:
+        raise _unprocessable("model", str(e)) from e
+    except FileExistsError as e:
+        raise HTTPException(409, str(e)) from e
+
+
+def _unprocessable(field: str, message: str) -> HTTPException:
+    return HTTPException(422, [{"loc": ["body", field], "msg": message,
+                                "type": "value_error"}])
+
+
+@router.get("", dependencies=[Reader])
+def list_runs(client: RedisClient) -> dict[str, Any]:
+    """All runs, newest first, with their state and progress."""
+    return {"runs": views.list_runs(client)}
+
+
+@router.post("", status_code=201, dependencies=[Writer],
+             responses={409: {"description": "a run with this id exists"},
+                        422: {"description": "invalid configuration"}})
+async def create(request: RunRequest, client: RedisClient, settings: Settings) -> dict[str, Any]:
+    """Create a run from a configuration and, unless start is false, start it."""
+    store = await run_in_threadpool(_create, client, request)
+    if request.start:
+        enqueue_aggregation(client, settings.aggregator_queue, store.run_id)
+    return views.run_view(store)
+
+
+@router.get("/{run_id}", dependencies=[Reader], responses=NOT_FOUND)
+def get_run(store: Store) -> dict[str, Any]:
+    """One run: configuration, state, job, progress, latest metrics, workers."""
+    return views.run_view(store)
+
+
+@router.post("/{run_id}/start", status_code=202, dependencies=[Writer],
+             responses={**NOT_FOUND, 409: {"description": "already started or ended"}})
+def start(store: Store, client: RedisClient, settings: Settings) -> dict[str, Any]:
+    """Enqueue the aggregation job of a created run."""
+    status = store.status()
+    if status["state"] != CREATED or status.get("job_id"):
+        raise HTTPException(409, f"run {store.run_id!r} is {status['state']} and was "
+                                 "already started")
+    enqueue_aggregation(client, settings.aggregator_queue, store.run_id)
+    return views.run_summary(store)
+
+
+@router.post("/{run_id}/stop", status_code=202, dependencies=[Writer],
+             responses={**NOT_FOUND, 409: {"description": "the run has already ended"}})
+def stop(store: Store) -> dict[str, Any]:
+    """Ask the aggregator to finish its batch, commit and mark the run stopped."""
+    state = store.state()
+    if state in ENDED:
+        raise HTTPException(409, f"run {store.run_id!r} has already ended ({state}); "
+                                 "nothing to stop")
+    store.request_stop()
+    return {**views.run_summary(store), "stop_requested": True}
+
+
+@router.get("/{run_id}/metrics", dependencies=[Reader], responses=NOT_FOUND)
+def metrics(store: Store, after: str = Query("0-0", pattern=r"^\d+-\d+$"),
+            limit: int = Query(1000, ge=1, le=10_000)) -> dict[str, Any]:
+    """Metrics rows newer than the stream id ``after``, oldest first."""
+    rows = [views.metrics_row(i, row) for i, row in store.metrics_since(after, limit)]
+    return {"rows": rows, "last_id": rows[-1]["id"] if rows else after}
+
+
+@router.get("/{run_id}/model", dependencies=[Reader], responses={
+    **NOT_FOUND, 200: {"content": {"application/octet-stream": {}},
+                       "description": "a torch state_dict file"}})
+def model(store: Store) -> Response:
+    """The current parameters as a torch state_dict (load with torch.load)."""
+    body = _state_dict_bytes(store)
+    filename = f"{store.run_id}-v{store.head().version}.pt"
+    return Response(body, media_type="application/octet-stream",
+                    headers={"Content-Disposition": f'attachment; filename="{filename}"'})
+
+
+def _state_dict_bytes(store: RunStore) -> bytes:
+    import torch
+
+    from gemq.evaluate import load_flat
+    from gemq.models import build_model
+
+    config = store.config()
+    data = _dataset(config.dataset)
+    net = build_model(config.model, data.in_features, data.num_classes)
+    load_flat(net, store.latest()[1])
+    buffer = io.BytesIO()
+    torch.save(net.state_dict(), buffer)
+    return buffer.getvalue()

@@ -1,0 +1,99 @@
+"""JSON views of runs, built from what Redis holds (see docs/api.md)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import redis
+
+from gemq.errors import RunNotFound
+from gemq.store import RunStore, now_ms, run_ids
+from services.jobs import job_state
+
+#: A worker silent longer than this (ms) is shown as gone.
+ACTIVE_WINDOW_MS = 10_000
+#: Metrics rows over which updates/s is measured.
+RATE_WINDOW = 20
+
+
+def metrics_row(entry_id: str, row: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": entry_id}
+    for key, value in row.items():
+        out[key] = json.loads(value) if key == "pi_tensors" else _number(value)
+    return out
+
+
+def _number(text: str) -> float | int | None:
+    try:
+        return int(text)
+    except ValueError:
+        value = float(text)
+    return value if math.isfinite(value) else None  # JSON has no NaN
+
+
+def updates_per_s(rows: list[dict[str, Any]]) -> float | None:
+    if len(rows) < 2 or rows[-1]["t_ms"] <= rows[0]["t_ms"]:
+        return None
+    return round(1000 * (rows[-1]["updates"] - rows[0]["updates"])
+                 / (rows[-1]["t_ms"] - rows[0]["t_ms"]), 2)
+
+
+def recent_metrics(store: RunStore, count: int = RATE_WINDOW) -> list[dict[str, Any]]:
+    return [metrics_row(i, row) for i, row in store.latest_metrics(count)]
+
+
+def worker_view(worker_id: str, state: dict[str, str], now: int) -> dict[str, Any]:
+    last_seen = max(int(state.get("heartbeat_ms", 0)), int(state.get("last_update_ms", 0)))
+    applied = int(state.get("applied", 0))
+    return {
+        "worker_id": worker_id, "last_seen_ms": last_seen or None,
+        "active": bool(last_seen) and now - last_seen < ACTIVE_WINDOW_MS,
+        "steps": int(state.get("steps", 0)), "applied": applied,
+        "last_staleness": int(state["last_staleness"]) if "last_staleness" in state else None,
+        "mean_staleness": round(int(state.get("staleness_sum", 0)) / applied, 3)
+        if applied else None,
+        "rejected": {k.removeprefix("rejected:"): int(v) for k, v in state.items()
+                     if k.startswith("rejected:")},
+    }
+
+
+def run_summary(store: RunStore) -> dict[str, Any]:
+    status, config, head = store.status(), store.config(), store.head()
+    return {
+        "run_id": store.run_id, "state": status["state"],
+        "job": job_state(store.client, status.get("job_id")),
+        "algo": config.algo, "model": config.model, "dataset": config.dataset,
+        "progress": {"updates": head.updates, "budget": config.budget_updates,
+                     "fraction": round(head.updates / config.budget_updates, 4)},
+        **{k: int(status[k]) if k in status else None
+           for k in ("created_ms", "started_ms", "ended_ms")},
+    }
+
+
+def run_view(store: RunStore) -> dict[str, Any]:
+    recent = recent_metrics(store)
+    latest = dict(recent[-1]) if recent else {}
+    if latest:
+        latest["updates_per_s"] = updates_per_s(recent)
+    now = now_ms()
+    return {
+        **run_summary(store),
+        "config": json.loads(store.config().to_json()),
+        "tensors": [t.name for t in store.layout().tensors],
+        "latest": latest,
+        "counters": store.counters(),
+        "workers": [worker_view(w, s, now) for w, s in store.worker_states().items()],
+        "error": store.status().get("error"),
+    }
+
+
+def list_runs(client: redis.Redis, limit: int = 100) -> list[dict[str, Any]]:
+    out = []
+    for run_id in run_ids(client, limit):
+        try:
+            out.append(run_summary(RunStore(client, run_id)))
+        except RunNotFound:
+            continue  # deleted behind the index's back
+    return out

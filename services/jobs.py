@@ -1,0 +1,67 @@
+"""The rq job layer: a run's aggregation is one job on the aggregator queue.
+
+Jobs are serialised as JSON (no pickle). The job function imports numpy only, so the
+aggregator service needs no torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+import redis
+from rq import Queue, get_current_job
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+from gemq.aggregator import Aggregator, AggregatorOptions
+from gemq.store import FAILED, RunStore, now_ms
+
+log = logging.getLogger(__name__)
+
+
+def queue(client: redis.Redis, name: str) -> Queue:
+    return Queue(name, connection=client, serializer=JSONSerializer)
+
+
+def enqueue_aggregation(client: redis.Redis, queue_name: str, run_id: str,
+                        lease_ms: int = 5000) -> str:
+    """Enqueue the run's aggregation; record the job id in the run's status."""
+    job = queue(client, queue_name).enqueue(
+        aggregate, run_id, lease_ms, job_id=f"gemq-aggregate-{run_id}", job_timeout=-1,
+        result_ttl=7 * 24 * 3600, failure_ttl=7 * 24 * 3600,
+        description=f"aggregate run {run_id}")
+    RunStore(client, run_id).set_status(job_id=job.id)
+    return str(job.id)
+
+
+def job_state(client: redis.Redis, job_id: str | None) -> dict[str, str | None]:
+    """{"id", "state", "error"} of an aggregation job, as rq sees it."""
+    if not job_id:
+        return {"id": None, "state": None, "error": None}
+    try:
+        job = Job.fetch(job_id, connection=client, serializer=JSONSerializer)
+    except Exception:  # rq raises NoSuchJobError, or others on a half-expired job
+        return {"id": job_id, "state": "expired", "error": None}
+    status = job.get_status(refresh=True)
+    error = None
+    if status is not None and status.value == "failed":
+        latest = job.latest_result()
+        error = (latest.exc_string or "").strip().splitlines()[-1:] if latest else None
+    return {"id": job_id, "state": status.value if status else None,
+            "error": error[0] if error else None}
+
+
+def aggregate(run_id: str, lease_ms: int = 5000) -> str:
+    """The job: lead the run's aggregation until its budget is spent or it is stopped."""
+    job = get_current_job()
+    assert job is not None, "aggregate() runs inside an rq job"
+    store = RunStore(job.connection, run_id)
+    shutdown = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: shutdown.set())  # finish the batch, then leave
+    try:
+        return Aggregator(store, AggregatorOptions(lease_ms=lease_ms)).run(shutdown)
+    except Exception as e:
+        store.set_status(state=FAILED, error=f"{type(e).__name__}: {e}", ended_ms=now_ms())
+        raise

@@ -1,0 +1,74 @@
+"""Settings of the deployable services, read from GEMQ_* environment variables.
+
+Each service has one class; its fields are exactly the variables that service reads (the
+Kubernetes manifests are checked against them).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gemq.errors import ConfigError
+
+LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+PLACEHOLDER_SECRETS = {"changeme", "change-me", "secret", "token", "password", "xxx"}
+
+
+class _GemqSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GEMQ_", extra="ignore", frozen=True)
+
+    redis_url: str = Field("redis://127.0.0.1:6379/0",
+                           description="redis:// or rediss:// URL, password and user included")
+
+
+class ApiSettings(_GemqSettings):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    #: Bearer token for mutating endpoints; without one the API binds to loopback only.
+    api_token: str | None = None
+    #: GET endpoints under /api need no token (the dashboard can be watched read-only).
+    open_reads: bool = True
+    #: The rq queue aggregation jobs are enqueued on.
+    aggregator_queue: str = "gemq-aggregator"
+
+    @field_validator("api_token")
+    @classmethod
+    def _no_placeholder(cls, token: str | None) -> str | None:
+        if token is not None and (token.strip().lower() in PLACEHOLDER_SECRETS
+                                  or len(token) < 16):
+            raise ValueError("GEMQ_API_TOKEN must be a real secret of at least 16 "
+                             "characters (for example: openssl rand -hex 24)")
+        return token or None
+
+
+class AggregatorServiceSettings(_GemqSettings):
+    aggregator_queue: str = "gemq-aggregator"
+    lease_ms: int = Field(5000, ge=100)
+
+
+class WorkerServiceSettings(_GemqSettings):
+    #: Logical workers in this process (threads).
+    workers: int = Field(1, ge=1, le=4096)
+    #: Join only this run; default: whichever run is running, newest first.
+    run: str | None = None
+    device: str = "cpu"
+    #: How often (s) an idle worker service looks for a running run.
+    poll_s: float = Field(1.0, gt=0)
+
+
+SettingsT = TypeVar("SettingsT", bound=_GemqSettings)
+
+
+def load(cls: type[SettingsT], **overrides: Any) -> SettingsT:
+    """The settings from the environment, with explicit (non-None) overrides on top."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return cls(**given)
+    except ValidationError as e:
+        error = e.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else "settings"
+        name = field if field in given else f"GEMQ_{field.upper()}"
+        raise ConfigError(name, error["msg"]) from e

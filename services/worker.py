@@ -1,0 +1,83 @@
+"""The worker service: stays up between runs, joins whichever run is running.
+
+``gemq worker --follow`` or ``python -m services.worker``. It waits for a running run,
+works on it until it ends, then waits for the next one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+
+import redis
+import torch
+
+from gemq.connection import connect, redact
+from gemq.errors import GemqError, RunNotFound
+from gemq.process import graceful_shutdown, setup_logging
+from gemq.store import RUNNING, RunStore, run_ids
+from gemq.worker import WorkerOptions, run_workers
+from services.settings import WorkerServiceSettings, load
+
+log = logging.getLogger(__name__)
+
+
+def running_run(client: redis.Redis, only: str | None = None) -> str | None:
+    """The newest run in state ``running`` (or ``only``, if it is running)."""
+    candidates = [only] if only else run_ids(client, 50)
+    for run_id in candidates:
+        try:
+            if RunStore(client, run_id).state() == RUNNING:
+                return run_id
+        except RunNotFound:
+            continue
+    return None
+
+
+def follow(settings: WorkerServiceSettings, shutdown: threading.Event) -> None:
+    if settings.workers > 1:
+        torch.set_num_threads(1)  # one thread per logical worker
+    client = connect(settings.redis_url, wait_s=float("inf"))
+    prefix = f"{socket.gethostname()}-{os.getpid()}"
+    ids = [prefix] if settings.workers == 1 else [f"{prefix}-{i}"
+                                                  for i in range(settings.workers)]
+    log.info("worker service %s (%d workers): waiting for a running run at %s", prefix,
+             len(ids), redact(settings.redis_url))
+    try:
+        while not shutdown.is_set():
+            run_id = running_run(client, settings.run)
+            if run_id is None:
+                shutdown.wait(settings.poll_s)
+                continue
+            _work_on(client, run_id, ids, settings, shutdown)
+    finally:
+        client.close()
+
+
+def _work_on(client: redis.Redis, run_id: str, ids: list[str],
+             settings: WorkerServiceSettings, shutdown: threading.Event) -> None:
+    log.info("joining run %s", run_id)
+    try:
+        steps = run_workers(RunStore(client, run_id), ids, WorkerOptions(settings.device),
+                            shutdown)
+        log.info("run %s over for us: %d gradients published", run_id, sum(steps.values()))
+    except GemqError as e:  # a run we cannot work on must not stop the service
+        log.error("cannot work on run %s: %s; waiting for the next run", run_id, e)
+        _wait_until_not_running(client, run_id, settings, shutdown)
+
+
+def _wait_until_not_running(client: redis.Redis, run_id: str,
+                            settings: WorkerServiceSettings, shutdown: threading.Event) -> None:
+    while not shutdown.is_set() and running_run(client, run_id) == run_id:
+        shutdown.wait(settings.poll_s)
+
+
+def main() -> None:
+    setup_logging()
+    follow(load(WorkerServiceSettings), graceful_shutdown())
+
+
+if __name__ == "__main__":
+    main()
