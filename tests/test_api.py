@@ -1,0 +1,161 @@
+"""The API service as users meet it: a real uvicorn process, Redis, rq and workers."""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import torch
+
+from gemq.embedded import EmbeddedRedis, free_port
+from gemq.models import LogisticRegression
+from tests.helpers import GemqProcess, wait_for
+
+TOKEN = "a-test-token-of-24-chars"
+TINY = {"model": "logreg", "dataset": "digits", "batch_size": 16}
+
+
+@dataclass
+class Service:
+    url: str
+    process: GemqProcess
+
+    def client(self, token: str | None = TOKEN) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+
+def start_api(redis_url: str, **env: str) -> Service:
+    port = free_port()
+    process = GemqProcess("serve", "--redis-url", redis_url, "--port", str(port),
+                          env={**os.environ, **env})
+    service = Service(f"http://127.0.0.1:{port}", process)
+
+    def up() -> bool:
+        try:
+            return httpx.get(service.url + "/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(up, timeout_s=60, what=f"API on port {port}: {process.output()}")
+    return service
+
+
+@pytest.fixture
+def api(redis_server: EmbeddedRedis) -> Iterator[Service]:
+    service = start_api(redis_server.url, GEMQ_API_TOKEN=TOKEN)
+    yield service
+    service.process.stop()
+
+
+def test_probes(api: Service) -> None:
+    with api.client(None) as c:
+        assert c.get("/healthz").json() == {"status": "ok"}
+        assert c.get("/readyz").status_code == 200
+        assert c.get("/openapi.json").json()["info"]["title"] == "gemq"
+
+
+def test_readiness_follows_redis(redis_server: EmbeddedRedis, api: Service) -> None:
+    with api.client(None) as c:
+        redis_server.kill()
+        assert c.get("/readyz").status_code == 503
+        assert c.get("/healthz").status_code == 200
+        redis_server.start()
+        wait_for(lambda: c.get("/readyz").status_code == 200, what="ready again")
+
+
+def test_mutations_need_the_token(api: Service) -> None:
+    with api.client(None) as anonymous, api.client("wrong-token-of-enough-chars") as wrong:
+        assert anonymous.post("/api/runs", json=TINY).status_code == 401
+        assert wrong.post("/api/runs", json=TINY).status_code == 403
+        assert anonymous.get("/api/runs").json() == {"runs": []}  # reads stay open
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"lr": -1}, "lr"), ({"algo": "sgd"}, "algo"), ({"batch_size": 10**7}, "batch_size"),
+    ({"dataset": "nope"}, "dataset"), ({"model": "nope", **{"dataset": "digits"}}, "model"),
+    ({"epochs": 1, "steps": 5}, "body"), ({"bogus": 1}, "bogus"),
+])
+def test_invalid_configs_are_422_naming_the_field(api: Service, body: dict[str, object],
+                                                  field: str) -> None:
+    with api.client() as c:
+        response = c.post("/api/runs", json=body)
+    assert response.status_code == 422
+    locations = [e["loc"] for e in response.json()["detail"]]
+    assert any(loc[-1] == field or (field == "body" and loc == ["body"]) for loc in locations), \
+        locations
+
+
+def test_unknown_runs_are_404(api: Service) -> None:
+    with api.client() as c:
+        for path in ("/api/runs/nosuch", "/api/runs/nosuch/metrics", "/api/runs/nosuch/model"):
+            assert c.get(path).status_code == 404
+        assert c.post("/api/runs/nosuch/stop").status_code == 404
+
+
+@pytest.mark.slow
+def test_run_lifecycle_through_rq(redis_server: EmbeddedRedis, api: Service) -> None:
+    url = redis_server.url
+    aggregator = GemqProcess("aggregator", "--serve", "--redis-url", url)
+    worker = GemqProcess("worker", "--follow", "--redis-url", url, "--workers", "2")
+    try:
+        with api.client() as c:
+            created = c.post("/api/runs", json={"run_id": "life", "steps": 100_000, **TINY})
+            assert created.status_code == 201, created.text
+            assert created.json()["job"]["state"] in ("queued", "started")
+            wait_for(lambda: c.get("/api/runs/life").json()["progress"]["updates"] >= 200,
+                     timeout_s=120, what="progress")
+            view = c.get("/api/runs/life").json()
+            assert view["state"] == "running" and view["job"]["state"] == "started"
+            assert {w["active"] for w in view["workers"]} == {True}
+            assert len(view["workers"]) == 2
+            rows = c.get("/api/runs/life/metrics", params={"limit": 5}).json()
+            assert len(rows["rows"]) == 5
+            later = c.get("/api/runs/life/metrics", params={"after": rows["last_id"]}).json()
+            assert later["rows"] and later["rows"][0]["updates"] > rows["rows"][-1]["updates"]
+            assert c.post("/api/runs/life/stop").status_code == 202
+            wait_for(lambda: c.get("/api/runs/life").json()["state"] == "stopped",
+                     what="stopped")
+            wait_for(lambda: c.get("/api/runs/life").json()["job"]["state"] == "finished",
+                     what="job finished")
+            assert c.post("/api/runs/life/stop").status_code == 409
+            model = LogisticRegression(64, 10)
+            blob = c.get("/api/runs/life/model")
+            assert blob.status_code == 200
+            model.load_state_dict(torch.load(io.BytesIO(blob.content)))
+            scrape = c.get("/metrics").text
+            assert 'gemq_updates_applied_total{run="life"}' in scrape
+            # the worker service goes back to waiting and joins the next run
+            assert c.post("/api/runs", json={"run_id": "next", "steps": 50, **TINY}
+                          ).status_code == 201
+            wait_for(lambda: c.get("/api/runs/next").json()["state"] == "finished",
+                     timeout_s=120, what="second run")
+            assert [r["run_id"] for r in c.get("/api/runs").json()["runs"]] == ["next", "life"]
+    finally:
+        aggregator.stop()
+        worker.stop()
+
+
+def test_without_a_token_only_loopback(redis_server: EmbeddedRedis) -> None:
+    process = GemqProcess("serve", "--redis-url", redis_server.url, "--host", "0.0.0.0",
+                          "--port", str(free_port()))
+    try:
+        assert process.wait(60) == 1
+        assert "refusing to listen on 0.0.0.0 without GEMQ_API_TOKEN" in process.output()
+        assert "Traceback" not in process.output()
+    finally:
+        process.stop()
+
+
+def test_placeholder_token_is_refused(redis_server: EmbeddedRedis) -> None:
+    process = GemqProcess("serve", "--redis-url", redis_server.url,
+                          env={**os.environ, "GEMQ_API_TOKEN": "changeme"})
+    try:
+        assert process.wait(60) == 2
+        assert "GEMQ_API_TOKEN" in process.output()
+    finally:
+        process.stop()
