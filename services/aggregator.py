@@ -15,12 +15,14 @@ from rq.serializers import JSONSerializer
 from gemq.connection import connect, redact
 from gemq.process import setup_logging
 from services.jobs import queue
+from services.probe import start_heartbeat
 from services.settings import AggregatorServiceSettings, load
 
 log = logging.getLogger(__name__)
 
 
 def serve(settings: AggregatorServiceSettings) -> None:
+    start_heartbeat(settings.heartbeat_file)
     client = connect(settings.redis_url, wait_s=float("inf"))
     name = f"gemq-aggregator-{socket.gethostname()}-{os.getpid()}"
     log.info("aggregator service %s: waiting for jobs on %r at %s", name,

@@ -47,6 +47,8 @@ class ApiSettings(_GemqSettings):
 class AggregatorServiceSettings(_GemqSettings):
     aggregator_queue: str = "gemq-aggregator"
     lease_ms: int = Field(5000, ge=100)
+    #: Touched every few seconds while alive; `python -m services.probe` checks it.
+    heartbeat_file: str = "/tmp/gemq-heartbeat"
 
 
 class WorkerServiceSettings(_GemqSettings):
@@ -57,6 +59,8 @@ class WorkerServiceSettings(_GemqSettings):
     device: str = "cpu"
     #: How often (s) an idle worker service looks for a running run.
     poll_s: float = Field(1.0, gt=0)
+    #: Touched every few seconds while alive; `python -m services.probe` checks it.
+    heartbeat_file: str = "/tmp/gemq-heartbeat"
 
 
 SettingsT = TypeVar("SettingsT", bound=_GemqSettings)

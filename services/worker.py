@@ -19,6 +19,7 @@ from gemq.errors import GemqError, RunNotFound
 from gemq.process import graceful_shutdown, setup_logging
 from gemq.store import RUNNING, RunStore, run_ids
 from gemq.worker import WorkerOptions, run_workers
+from services.probe import start_heartbeat
 from services.settings import WorkerServiceSettings, load
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ def running_run(client: redis.Redis, only: str | None = None) -> str | None:
 def follow(settings: WorkerServiceSettings, shutdown: threading.Event) -> None:
     if settings.workers > 1:
         torch.set_num_threads(1)  # one thread per logical worker
+    start_heartbeat(settings.heartbeat_file, stop=shutdown)
     client = connect(settings.redis_url, wait_s=float("inf"))
     prefix = f"{socket.gethostname()}-{os.getpid()}"
     ids = [prefix] if settings.workers == 1 else [f"{prefix}-{i}"
