@@ -10,6 +10,7 @@ reason. Only numpy here: the aggregator does not need torch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,8 +24,8 @@ import numpy as np
 
 from gemq import codec
 from gemq.config import RunConfig
-from gemq.connection import connect
-from gemq.errors import CodecError, FencedError
+from gemq.connection import TRANSIENT_ERRORS, Backoff, connect
+from gemq.errors import CodecError, FencedError, RunLost
 from gemq.keys import is_valid_worker_id
 from gemq.layout import ParamLayout
 from gemq.process import graceful_shutdown, setup_logging
@@ -109,15 +110,14 @@ class Leader:
         head = store.head()
         params = store.snapshot(head.version)
         if params is None:
-            raise RuntimeError(f"run {store.run_id}: parameters of version {head.version} "
-                               "are missing from Redis (was Redis restarted without "
-                               "persistence?)")
+            raise RunLost(f"run {store.run_id}: the parameters of version {head.version} are "
+                          "missing from Redis (was it restarted without persistence?)")
         self.config = config
         self.layout = layout
         self.theta = params.copy()  # writeable float32, the central variable
         self.updates = head.updates
         self.version = head.version
-        self.last_id = head.last_id
+        self.last_id = self.prev_id = head.last_id
         self.history = SnapshotHistory(config.history, store.kept_versions(), store.snapshot)
         self.rule: Rule = make_rule(config, layout.size)
         self.expected = codec.Expected(config.run_id, layout.layout_id, layout.size,
@@ -133,6 +133,7 @@ class Leader:
     def process(self, entries: list[tuple[str, bytes | None, str | None]]) -> CommitPlan:
         """Apply a batch in arrival order; return what must be committed."""
         tally = BatchTally()
+        self.prev_id = self.last_id
         for _entry_id, message, sender in entries:
             if self.budget_spent:
                 tally.count("unused", sender)
@@ -185,7 +186,8 @@ class Leader:
             dropped = self.history.add(self.version, self.theta)
         self._expire_silent_workers()
         metrics = tally.metrics(self.updates, len(self.rule.workers), self._pi_tensors())
-        return CommitPlan(version=self.version, updates=self.updates, last_id=self.last_id,
+        return CommitPlan(version=self.version, updates=self.updates, prev_id=self.prev_id,
+                          last_id=self.last_id,
                           ack=ack, publish=publish, drop=dropped,
                           metrics=metrics if publish else {}, counters=tally.counters,
                           workers=tally.workers)
@@ -213,24 +215,44 @@ class Aggregator:
         self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
     def run(self, shutdown: threading.Event | None = None) -> str:
-        """Return the run's final state, or "shutdown" when asked to leave early."""
+        """Return the run's final state, or "shutdown" when asked to leave early.
+
+        Redis outages are waited out with capped backoff; each new term reloads the run's
+        committed state from Redis, so nothing half-done in memory survives an outage.
+        """
         shutdown = shutdown or threading.Event()
-        config, layout = self.store.config(), self.store.layout()
+        outage = Backoff(f"run {self.store.run_id}: aggregator")
         try:
             while not shutdown.is_set():
-                state = self.store.state()
-                if state in ENDED:
-                    log.info("run %s is %s; nothing to do", config.run_id, state)
-                    return state
-                if not self._wait_for_lease(shutdown):
-                    break
                 try:
-                    return self._lead(Leader(self.store, config, layout), shutdown)
-                except FencedError:
-                    log.warning("run %s: lost the lease (paused too long?); standing by",
-                                config.run_id)
+                    outcome = self._term(shutdown)
+                except TRANSIENT_ERRORS as e:
+                    outage.wait(shutdown, e)
+                    continue
+                outage.reset()
+                if outcome is not None:
+                    return outcome
             return "shutdown"
         finally:
+            self._release_lease()
+
+    def _term(self, shutdown: threading.Event) -> str | None:
+        """Stand by, then lead; None when the lease was lost and another term should begin."""
+        config, layout = self.store.config(), self.store.layout()
+        state = self.store.state()
+        if state in ENDED:
+            log.info("run %s is %s; nothing to do", config.run_id, state)
+            return state
+        if not self._wait_for_lease(shutdown):
+            return "shutdown"
+        try:
+            return self._lead(Leader(self.store, config, layout), shutdown)
+        except FencedError as e:
+            log.warning("run %s: %s; standing by", config.run_id, e)
+            return None
+
+    def _release_lease(self) -> None:
+        with contextlib.suppress(*TRANSIENT_ERRORS):  # if Redis is away, it expires by itself
             self.store.release_lease(self.token)
 
     @property
@@ -255,15 +277,12 @@ class Aggregator:
     def _lead(self, leader: Leader, shutdown: threading.Event) -> str:
         opts = self.options
         self.store.mark_running(self.token)
-        start, last_seen = "0", leader.last_id
+        last_seen = leader.last_id
         while True:
             stop, raw = self.store.fenced_read(self.token, opts.lease_ms,
-                                               leader.config.read_batch, start)
+                                               leader.config.read_batch)
             entries = [(entry_id, _field(f, b"m"), _sender(f)) for entry_id, f in raw]
             if not entries and not stop:
-                if start == "0":
-                    start = ">"  # the pending entries inherited from a previous leader are done
-                    continue
                 if shutdown.is_set():
                     return "shutdown"
                 self.store.wait_for_gradients(last_seen, self._idle_block_ms)
@@ -272,7 +291,7 @@ class Aggregator:
             final = FINISHED if leader.budget_spent else STOPPED if stop else None
             if final:
                 plan.status = {"state": final, "ended_ms": now_ms()}
-            self.store.commit(self.token, opts.lease_ms, plan, leader.theta)
+            self._commit(plan, leader)
             last_seen = entries[-1][0] if entries else last_seen
             if final:
                 log.info("run %s %s after %d updates", leader.config.run_id, final,
@@ -280,6 +299,12 @@ class Aggregator:
                 return final
             if shutdown.is_set():
                 return "shutdown"
+
+    def _commit(self, plan: CommitPlan, leader: Leader) -> None:
+        if self.store.commit(self.token, self.options.lease_ms, plan, leader.theta):
+            return
+        if self.store.head().last_id != plan.last_id:  # not merely our own commit, re-sent
+            raise FencedError("the run's head moved under this aggregator")
 
 
 def _field(fields: dict[bytes, bytes] | None, name: bytes) -> bytes | None:

@@ -267,7 +267,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     if args.workers > 1:
         torch.set_num_threads(1)
     run_id, url = _require_run(args), _require_url(args)
-    client = connect(url)
+    client = connect(url, retries=0)
     try:
         steps = run_workers(RunStore(client, run_id), ids, WorkerOptions(args.device),
                             graceful_shutdown())

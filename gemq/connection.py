@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from urllib.parse import urlsplit, urlunsplit
 
@@ -30,18 +31,20 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def connect(url: str, *, wait_s: float = 30.0, socket_timeout_s: float = 30.0) -> redis.Redis:
+def connect(url: str, *, wait_s: float = 30.0, socket_timeout_s: float = 30.0,
+            retries: int = 3) -> redis.Redis:
     """A client for ``url`` (redis://, rediss:// or unix://, password and ACL user included).
 
     Waits up to ``wait_s`` for the server to answer PING, retrying with capped exponential
     backoff and one log line per attempt; then raises RedisUnavailable naming the URL.
-    Commands on the returned client retry transient connection errors the same way, so a
-    Redis restart costs a pause, not a crash.
+    Commands on the returned client are re-sent up to ``retries`` times after a transient
+    connection error. Only idempotent callers should allow that: a worker, whose XADD must
+    not land twice, passes ``retries=0`` and waits out outages in its own loop.
     """
     try:
         client = redis.Redis.from_url(
             url, socket_connect_timeout=5, socket_timeout=socket_timeout_s,
-            retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=8),
+            retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=retries),
             retry_on_error=list(TRANSIENT_ERRORS), health_check_interval=30)
     except ValueError as e:
         raise RedisUnavailable(f"invalid Redis URL {redact(url)!r}: {e}") from e
@@ -69,3 +72,24 @@ def wait_until_ready(url: str, wait_s: float) -> None:
                         redact(url), e, delay)
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+
+class Backoff:
+    """Waiting out an outage: capped exponential delays, one log line per attempt."""
+
+    def __init__(self, what: str, first_s: float = 0.1, cap_s: float = 5.0) -> None:
+        self.what = what
+        self.first_s = first_s
+        self.cap_s = cap_s
+        self.delay = first_s
+
+    def wait(self, stop: threading.Event, error: Exception) -> None:
+        log.warning("%s: Redis unreachable (%s); retrying in %.1fs", self.what, error,
+                    self.delay)
+        stop.wait(self.delay)
+        self.delay = min(self.delay * 2, self.cap_s)
+
+    def reset(self) -> None:
+        if self.delay != self.first_s:
+            log.info("%s: Redis reachable again", self.what)
+        self.delay = self.first_s

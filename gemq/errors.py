@@ -30,6 +30,10 @@ class RunNotFound(GemqError):
     """No run with the given id exists in Redis."""
 
 
+class RunLost(GemqError):
+    """A run's committed state vanished from Redis (restarted without persistence?)."""
+
+
 class FencedError(GemqError):
     """This aggregator no longer holds the run's lease; its writes were refused."""
 

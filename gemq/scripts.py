@@ -12,12 +12,18 @@ end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 """
 
-#: KEYS: lease, gradients, status.  ARGV: token, lease_ms, group, consumer, count, start id.
-#: Returns {stop_requested or nil, XREADGROUP reply or nil}.
+#: KEYS: lease, gradients, status.  ARGV: token, lease_ms, group, consumer, count.
+#: Returns {stop_requested or nil, XREADGROUP reply or nil}. Entries delivered earlier but
+#: never acknowledged come first (a previous leader's batch, or one whose reply was lost on
+#: the way back to us); only when there are none does it read new entries.
 FENCED_READ = FENCE + """
 local stop = redis.call('HGET', KEYS[3], 'stop_requested')
-local reply = redis.call('XREADGROUP', 'GROUP', ARGV[3], ARGV[4], 'COUNT', ARGV[5],
-                         'STREAMS', KEYS[2], ARGV[6])
+local function read(start)
+  return redis.call('XREADGROUP', 'GROUP', ARGV[3], ARGV[4], 'COUNT', ARGV[5],
+                    'STREAMS', KEYS[2], start)
+end
+local reply = read('0')
+if not reply or #reply[1][2] == 0 then reply = read('>') end
 return {stop, reply}
 """
 
@@ -25,9 +31,12 @@ return {stop, reply}
 #:       then plan.n_drop snapshot keys to delete, then one key per plan.workers entry.
 #: ARGV: token, lease_ms, parameter bytes (ignored unless plan.publish), msgpack plan.
 #: Everything a batch changes lands in this one atomic step: parameters, head, the XACK of
-#: the batch, trimming, metrics, counters and worker state.
+#: the batch, trimming, metrics, counters and worker state. It is idempotent: it applies
+#: only on top of the head it was computed from (plan.prev_id), so a commit re-sent after
+#: a lost reply changes nothing and returns 0.
 COMMIT = FENCE + """
 local plan = cmsgpack.unpack(ARGV[4])
+if redis.call('HGET', KEYS[2], 'last_id') ~= plan.prev_id then return 0 end
 if plan.publish then
   redis.call('SET', KEYS[9], ARGV[3])
   redis.call('ZADD', KEYS[3], plan.version, plan.version)
@@ -57,7 +66,7 @@ end
 if #plan.status > 0 then
   redis.call('HSET', KEYS[8], unpack(plan.status))
 end
-return plan.version
+return 1
 """
 
 #: KEYS: lease.  ARGV: token.  Deletes the lease only if it is still ours.

@@ -47,6 +47,8 @@ class CommitPlan:
 
     version: int
     updates: int
+    #: The head's last applied id before this batch, and after it.
+    prev_id: str
     last_id: str
     ack: list[str]
     publish: bool = True
@@ -212,19 +214,18 @@ class RunStore:
     def release_lease(self, token: str) -> None:
         self._release(keys=[self.keys.lease], args=[token])
 
-    def fenced_read(self, token: str, lease_ms: int, count: int,
-                    start: str = ">") -> tuple[bool, list[tuple[str, Fields | None]]]:
+    def fenced_read(self, token: str, lease_ms: int,
+                    count: int) -> tuple[bool, list[tuple[str, Fields | None]]]:
         """Read a batch through the consumer group, if we still hold the lease.
 
-        ``start`` is ">" for new entries or "0" for those delivered but never acknowledged
-        (a previous leader's batch). Returns (stop requested, [(id, fields)]); the fields
-        are None for an entry that was deleted while pending.
+        Unacknowledged entries (a previous leader's batch) come before new ones. Returns
+        (stop requested, [(id, fields)]); fields are None for an entry deleted while pending.
         """
         k = self.keys
         try:
             stop, reply = self._read(
                 keys=[k.lease, k.gradients, k.status],
-                args=[token, lease_ms, AGGREGATOR_GROUP, AGGREGATOR_CONSUMER, count, start])
+                args=[token, lease_ms, AGGREGATOR_GROUP, AGGREGATOR_CONSUMER, count])
         except redis.ResponseError as e:
             raise _fenced_or(e) from e
         return stop is not None, _entries(reply)
@@ -233,7 +234,8 @@ class RunStore:
         """Block until the stream has an entry newer than ``after_id`` (or the timeout)."""
         self._r.xread({self.keys.gradients: after_id}, count=1, block=timeout_ms)
 
-    def commit(self, token: str, lease_ms: int, plan: CommitPlan, params: np.ndarray) -> None:
+    def commit(self, token: str, lease_ms: int, plan: CommitPlan, params: np.ndarray) -> bool:
+        """Apply ``plan`` atomically; False if the head had already moved past prev_id."""
         k = self.keys
         worker_ids = list(plan.workers)
         keys = [k.lease, k.head, k.versions, k.gradients, k.metrics, k.counters, k.workers,
@@ -241,7 +243,8 @@ class RunStore:
         keys += [k.params(v) for v in plan.drop] + [k.worker(w) for w in worker_ids]
         encoded = msgpack.packb({
             "version": str(plan.version), "updates": str(plan.updates),
-            "last_id": plan.last_id, "group": AGGREGATOR_GROUP, "ack": plan.ack,
+            "prev_id": plan.prev_id, "last_id": plan.last_id, "group": AGGREGATOR_GROUP,
+            "ack": plan.ack,
             "publish": plan.publish, "n_drop": len(plan.drop),
             "drop": [str(v) for v in plan.drop],
             "metrics": _flatten(plan.metrics), "metrics_maxlen": str(METRICS_MAXLEN),
@@ -251,7 +254,7 @@ class RunStore:
         })
         payload = as_f32_bytes(params) if plan.publish else b""
         try:
-            self._commit(keys=keys, args=[token, lease_ms, payload, encoded])
+            return bool(self._commit(keys=keys, args=[token, lease_ms, payload, encoded]))
         except redis.ResponseError as e:
             raise _fenced_or(e) from e
 

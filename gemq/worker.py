@@ -19,7 +19,7 @@ from torch import nn
 
 from gemq import codec
 from gemq.config import RunConfig
-from gemq.connection import connect
+from gemq.connection import TRANSIENT_ERRORS, Backoff, connect
 from gemq.data import DataSplit, load_dataset, minibatches, worker_seed
 from gemq.errors import GemqError
 from gemq.evaluate import load_flat
@@ -62,6 +62,7 @@ class Worker:
         self.batches = minibatches(data.train, config.batch_size,
                                    worker_seed(config.seed, worker_id))
         self.steps = 0
+        self.version = -1  # of the parameters loaded in the model
         self._last_heartbeat = 0.0
 
     def _build_model(self, data: DataSplit) -> nn.Module:
@@ -72,28 +73,43 @@ class Worker:
         return model.to(self.device).train()
 
     def run(self, shutdown: threading.Event) -> int:
-        """Work until the run ends or ``shutdown`` is set; return the steps published."""
-        version = -1
+        """Work until the run ends or ``shutdown`` is set; return the steps published.
+
+        A Redis outage costs the step in flight (it is computed again on fresh parameters
+        once Redis answers), never a duplicate: the client does not re-send commands.
+        """
+        outage = Backoff(f"worker {self.worker_id}")
         while not shutdown.is_set():
-            view = self.store.worker_view()
-            if view.state in ENDED:
-                break
-            if view.state == CREATED or view.pending >= self.config.max_pending:
-                # No aggregator yet (gradients would only go stale), or backpressure.
-                self._wait(shutdown)
+            try:
+                if not self._step(shutdown):
+                    break
+            except TRANSIENT_ERRORS as e:
+                outage.wait(shutdown, e)
                 continue
-            if view.version != version:
-                version, params = self.store.latest()
-                load_flat(self.model, params)
-            loss, gradient = self._gradient(self.batches)
-            message = codec.encode(
-                run_id=self.config.run_id, worker_id=self.worker_id, param_version=version,
-                samples=self.config.batch_size, loss=loss, layout_id=self.layout_id,
-                gradient=gradient, dtype=self.config.wire_dtype)
-            self.store.publish_gradient(self.worker_id, message)  # also a heartbeat
-            self._last_heartbeat = time.monotonic()
-            self.steps += 1
+            outage.reset()
         return self.steps
+
+    def _step(self, shutdown: threading.Event) -> bool:
+        """One gradient (or one wait); False once the run has ended."""
+        view = self.store.worker_view()
+        if view.state in ENDED:
+            return False
+        if view.state == CREATED or view.pending >= self.config.max_pending:
+            # No aggregator yet (gradients would only go stale), or backpressure.
+            self._wait(shutdown)
+            return True
+        if view.version != self.version:
+            self.version, params = self.store.latest()
+            load_flat(self.model, params)
+        loss, gradient = self._gradient(self.batches)
+        message = codec.encode(
+            run_id=self.config.run_id, worker_id=self.worker_id, param_version=self.version,
+            samples=self.config.batch_size, loss=loss, layout_id=self.layout_id,
+            gradient=gradient, dtype=self.config.wire_dtype)
+        self.store.publish_gradient(self.worker_id, message)  # also a heartbeat
+        self._last_heartbeat = time.monotonic()
+        self.steps += 1
+        return True
 
     def _wait(self, shutdown: threading.Event) -> None:
         if time.monotonic() - self._last_heartbeat > self.options.heartbeat_s:
@@ -150,7 +166,7 @@ def worker_main(url: str, run_id: str, worker_ids: list[str], device: str,
     if niceness:
         os.nice(niceness)
     torch.set_num_threads(1)  # many workers share few cores: one thread each
-    client = connect(url)
+    client = connect(url, retries=0)
     try:
         run_workers(RunStore(client, run_id), worker_ids, WorkerOptions(device=device),
                     shutdown)

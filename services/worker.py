@@ -14,7 +14,7 @@ import threading
 import redis
 import torch
 
-from gemq.connection import connect, redact
+from gemq.connection import TRANSIENT_ERRORS, Backoff, connect, redact
 from gemq.errors import GemqError, RunNotFound
 from gemq.process import graceful_shutdown, setup_logging
 from gemq.store import RUNNING, RunStore, run_ids
@@ -41,15 +41,21 @@ def follow(settings: WorkerServiceSettings, shutdown: threading.Event) -> None:
     if settings.workers > 1:
         torch.set_num_threads(1)  # one thread per logical worker
     start_heartbeat(settings.heartbeat_file, stop=shutdown)
-    client = connect(settings.redis_url, wait_s=float("inf"))
+    client = connect(settings.redis_url, wait_s=float("inf"), retries=0)
     prefix = f"{socket.gethostname()}-{os.getpid()}"
     ids = [prefix] if settings.workers == 1 else [f"{prefix}-{i}"
                                                   for i in range(settings.workers)]
     log.info("worker service %s (%d workers): waiting for a running run at %s", prefix,
              len(ids), redact(settings.redis_url))
+    outage = Backoff("worker service")
     try:
         while not shutdown.is_set():
-            run_id = running_run(client, settings.run)
+            try:
+                run_id = running_run(client, settings.run)
+            except TRANSIENT_ERRORS as e:
+                outage.wait(shutdown, e)
+                continue
+            outage.reset()
             if run_id is None:
                 shutdown.wait(settings.poll_s)
                 continue
@@ -65,6 +71,8 @@ def _work_on(client: redis.Redis, run_id: str, ids: list[str],
         steps = run_workers(RunStore(client, run_id), ids, WorkerOptions(settings.device),
                             shutdown)
         log.info("run %s over for us: %d gradients published", run_id, sum(steps.values()))
+    except TRANSIENT_ERRORS as e:
+        log.warning("lost Redis while joining run %s (%s); looking again", run_id, e)
     except GemqError as e:  # a run we cannot work on must not stop the service
         log.error("cannot work on run %s: %s; waiting for the next run", run_id, e)
         _wait_until_not_running(client, run_id, settings, shutdown)

@@ -1,0 +1,470 @@
+"""Research mode: n logical workers in one process, no Redis, deterministic.
+
+The data path is the one of ``gemq run``, event by event. A worker reads theta (version v =
+updates applied so far), computes its gradient on the next minibatch of its own stream
+(``minibatches`` seeded with ``worker_seed(seed, "<run>-w<i>")``, as a real worker), and its
+gradient lands when the staleness model (gemq/staleness.py) says so, after the updates that
+landed in between; the aggregator's rule object (``make_rule``, the same code the aggregator
+calls) then sees ``drift = theta_now - s`` and ``staleness = updates - v``, exactly as
+``Leader._process_one`` computes them. Each worker reads theta again right after its own
+commit, and gradients staler than ``max_staleness`` are rejected, as in a run.
+
+Cost per gradient does not grow with n: a worker holds only the version it read; a version's
+snapshot is shared by the workers that read it and freed when the last of them commits; the
+versions older than ``max_staleness`` are dropped (their gradients would be rejected), so the
+snapshots kept never exceed ``min(n, max_staleness + 1)``. The gradient is computed when it
+lands, on the snapshot, so no worker holds a gradient while it waits. What does grow with n
+is memory: one snapshot per in-flight version and one GEM moment per worker (4 bytes per
+parameter each; 1,000 workers on the paper CNN: about 1.3 GB).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import Dataset, Subset, TensorDataset
+from tqdm import tqdm
+
+from gemq.config import RunConfig
+from gemq.data import DataSplit, load_dataset, minibatches, worker_seed
+from gemq.errors import ConfigError, GemqError
+from gemq.evaluate import evaluate
+from gemq.layout import ParamLayout
+from gemq.models import build_model, layout_of
+from gemq.rules import DCASGD_LAMBDA, UpdateStats, make_rule, median_sample
+from gemq.staleness import Schedule, StalenessModel
+
+#: One row of the recorded curves: these keys, in this order (the CSV header).
+CURVE_FIELDS = ("updates", "gradients", "worker_steps", "epochs", "time", "train_loss",
+                "test_loss", "test_accuracy", "batch_loss", "median_pi", "energy_ratio",
+                "staleness_mean", "staleness_min", "staleness_max", "rejected")
+MAX_WORKERS = 100_000
+#: Curve points per run when ``eval_every`` is not given.
+DEFAULT_POINTS = 20
+#: Evaluation batch: one thread runs the CNN ~10% faster on 500 samples than on 1,000.
+EVAL_BATCH = 500
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    workers: int = 4
+    staleness: StalenessModel = field(default_factory=StalenessModel)
+    #: Central updates between two curve points; 0 means budget / DEFAULT_POINTS.
+    eval_every: int = 0
+    #: Samples of the fixed training subset (loss) and of the test set (accuracy) per point.
+    eval_samples: int = 1000
+    #: Per-tensor median pi is recorded every this many updates; 0 means with the curve.
+    pi_every: int = 0
+    dcasgd_lambda: float = DCASGD_LAMBDA
+    #: Run the momentum-SGD proxy itself (one synchronous worker) instead of ``algo``.
+    reference: bool = False
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise ConfigError("workers", f"must be in [1, {MAX_WORKERS}], got {self.workers}")
+        for name in ("eval_every", "pi_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
+        if self.eval_samples < 1:
+            raise ConfigError("eval_samples", f"must be at least 1, got {self.eval_samples}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "staleness": self.staleness.as_dict()}
+
+
+@dataclass
+class SimResult:
+    config: RunConfig
+    options: SimOptions
+    curve: list[dict[str, float]]
+    tensors: list[str]
+    #: Rows [updates, median pi of each tensor] (for the per-tensor heat map).
+    pi_tensors: list[list[float]]
+    summary: dict[str, Any]
+    theta: np.ndarray
+
+    def to_dict(self) -> dict[str, Any]:
+        return _finite_or_none({
+            "config": asdict(self.config), "simulation": self.options.as_dict(),
+            "summary": self.summary, "curve": self.curve, "tensors": self.tensors,
+            "pi_tensors": self.pi_tensors})
+
+
+def _finite_or_none(value: Any) -> Any:
+    """NaN and infinities become null: strict JSON has no spelling for them."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_none(v) for v in value]
+    return value
+
+
+def check_output_path(path: Path) -> None:
+    if path.suffix.lower() not in (".json", ".csv"):
+        raise ConfigError("--out", f"must end in .json or .csv, got {str(path)!r}")
+
+
+def write_result(result: SimResult, path: Path) -> Path:
+    """The whole result as JSON, or the curve alone as CSV (chosen by the suffix)."""
+    check_output_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix.lower() == ".json":
+        path.write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+        return path
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CURVE_FIELDS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(result.curve)
+    return path
+
+
+class Updater(Protocol):
+    def apply(self, theta: np.ndarray, gradient: np.ndarray, drift: np.ndarray,
+              worker_id: str, staleness: int) -> UpdateStats: ...
+
+    def last_scale(self) -> np.ndarray: ...
+
+
+class MomentumProxy:
+    """The proxy itself: synchronous momentum SGD, m <- mu m - lr g; theta <- theta + m.
+
+    (torch's SGD keeps b <- mu b + g and steps -lr b: the same iterates, m = -lr b.)
+    """
+
+    def __init__(self, size: int, *, lr: float, momentum: float) -> None:
+        self.lr, self.momentum = lr, momentum
+        self._moment = np.zeros(size, np.float32)
+        self._delta = np.empty(size, np.float32)
+        self._ones = np.ones(size, np.float32)
+
+    def apply(self, theta: np.ndarray, gradient: np.ndarray, drift: np.ndarray,
+              worker_id: str, staleness: int) -> UpdateStats:
+        self._moment *= self.momentum
+        self._moment += np.multiply(gradient, -self.lr, out=self._delta)
+        theta += self._moment
+        energy = 0.5 * float(np.dot(self._moment, self._moment))
+        return UpdateStats(staleness, median_pi=1.0, e_central=energy, e_proxy=energy)
+
+    def last_scale(self) -> np.ndarray:
+        return self._ones
+
+
+class FlatNet:
+    """A model whose parameters and gradient are views of flat float32 vectors.
+
+    Loading a snapshot is then one copy, and the gradient arrives already flat, in the
+    layout's (named_parameters) order: no per-tensor work per step.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model.train()
+        self.params = list(model.parameters())
+        self.flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+        offset = 0
+        for p in self.params:
+            p.data = self.flat[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+        self.values = self.flat.numpy()  # shares memory with the parameters
+        self.grad = torch.zeros_like(self.flat)
+        self.grad_values = self.grad.numpy()
+
+    def gradient(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """Mean NLL of the batch; its gradient is left in ``grad_values``."""
+        self.model.zero_grad(set_to_none=True)
+        loss = nn.functional.nll_loss(self.model(x), y)
+        loss.backward()
+        grads = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel())
+                 for p in self.params]
+        torch.cat(grads, out=self.grad)
+        return float(loss.detach())
+
+
+class Versions:
+    """The parameter snapshots some worker still computes on: shared, reference-counted."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._live: OrderedDict[int, list[Any]] = OrderedDict()  # version -> [array, readers]
+        self._free: list[np.ndarray] = []  # freed arrays, reused instead of reallocated
+        self.peak = 0
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def read(self, version: int, theta: np.ndarray) -> None:
+        entry = self._live.get(version)
+        if entry is None:
+            array = self._free.pop() if self._free else np.empty(self.size, np.float32)
+            np.copyto(array, theta)
+            entry = self._live[version] = [array, 0]
+            self.peak = max(self.peak, len(self._live))
+        entry[1] += 1
+
+    def get(self, version: int) -> np.ndarray | None:
+        entry = self._live.get(version)
+        return None if entry is None else entry[0]
+
+    def release(self, version: int) -> None:
+        entry = self._live.get(version)
+        if entry is None:  # dropped as too stale
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            self._free.append(self._live.pop(version)[0])
+
+    def drop_before(self, oldest: int) -> None:
+        """Free every version older than ``oldest`` (versions are created in order)."""
+        while self._live:
+            version = next(iter(self._live))
+            if version >= oldest:
+                return
+            self._free.append(self._live.pop(version)[0])
+
+
+@dataclass
+class Window:
+    """What the updates since the last curve point did."""
+
+    updates: int = 0
+    loss: float = 0.0
+    pi: float = 0.0
+    e_central: float = 0.0
+    e_proxy: float = 0.0
+    staleness: int = 0
+    staleness_min: float = math.inf
+    staleness_max: float = -math.inf
+
+    def add(self, stats: UpdateStats, loss: float) -> None:
+        self.updates += 1
+        self.loss += loss
+        self.pi += stats.median_pi
+        self.e_central += stats.e_central
+        self.e_proxy += stats.e_proxy
+        self.staleness += stats.staleness
+        self.staleness_min = min(self.staleness_min, stats.staleness)
+        self.staleness_max = max(self.staleness_max, stats.staleness)
+
+    def row(self) -> dict[str, float]:
+        n = self.updates or math.nan
+        return {"batch_loss": self.loss / n, "median_pi": self.pi / n,
+                "energy_ratio": self.e_central / self.e_proxy if self.e_proxy else math.nan,
+                "staleness_mean": self.staleness / n,
+                "staleness_min": self.staleness_min if self.updates else math.nan,
+                "staleness_max": self.staleness_max if self.updates else math.nan}
+
+
+def _head(dataset: Dataset, count: int) -> Dataset:
+    """The first ``count`` samples: a fixed evaluation subset."""
+    size = len(dataset)  # type: ignore[arg-type]
+    if isinstance(dataset, TensorDataset):
+        return TensorDataset(*(t[:count] for t in dataset.tensors))
+    return Subset(dataset, range(min(count, size)))
+
+ProgressHook = Callable[[int, dict[str, float]], None]  # (updates since last call, new row)
+
+
+class Simulator:
+    """One simulated run: the central variable, the rule, n workers and their schedule."""
+
+    def __init__(self, config: RunConfig, options: SimOptions,
+                 data: DataSplit | None = None) -> None:
+        self.config, self.options = config, options
+        self.data = data or load_dataset(config.dataset)
+        self.workers = 1 if options.reference else options.workers
+        staleness = StalenessModel() if options.reference else options.staleness
+        _check_feasible(config, staleness, self.workers)
+        torch.manual_seed(config.seed)  # the initial parameters `gemq run` draws for this seed
+        model = build_model(config.model, self.data.in_features, self.data.num_classes)
+        self.layout: ParamLayout = layout_of(model)
+        self.net = FlatNet(model)
+        self.theta = self.net.values.copy()  # the central variable
+        self.rule = self._updater()
+        self.ids = [f"{config.run_id}-w{i}" for i in range(self.workers)]
+        self.batches = [minibatches(self.data.train, config.batch_size,
+                                    worker_seed(config.seed, w)) for w in self.ids]
+        self.schedule = Schedule(staleness, self.workers, config.seed)
+        self.versions = Versions(self.layout.size)
+        self.read = [0] * self.workers  # the version each worker computes on
+        for _ in self.ids:
+            self.versions.read(0, self.theta)
+        self.updates = self.gradients = self.rejected = 0
+        self.drift = np.empty(self.layout.size, np.float32)
+        self.window, self.total = Window(), Window()
+        self.curve: list[dict[str, float]] = []
+        self.pi_tensors: list[list[float]] = []
+        self.eval_s = 0.0
+        self._in_net: int | None = None  # the version whose snapshot the net holds
+        self.eval_train = _head(self.data.train, options.eval_samples)
+        self.eval_test = _head(self.data.test, options.eval_samples)
+        budget = config.budget_updates
+        self.eval_every = options.eval_every or max(1, budget // DEFAULT_POINTS)
+        self.pi_every = options.pi_every or self.eval_every
+
+    def _updater(self) -> Updater:
+        if self.options.reference:
+            return MomentumProxy(self.layout.size, lr=self.config.lr,
+                                 momentum=self.config.momentum)
+        return make_rule(self.config, self.layout.size,
+                         dcasgd_lambda=self.options.dcasgd_lambda)
+
+    def step(self) -> bool:
+        """Land the next worker's gradient; True when it was applied, False if rejected."""
+        worker = self.schedule.next()
+        version = self.read[worker]
+        x, y = next(self.batches[worker])  # the worker consumed this batch either way
+        self.gradients += 1
+        snapshot = self.versions.get(version)
+        staleness = self.updates - version
+        applied = snapshot is not None and staleness <= self.config.max_staleness
+        if snapshot is not None and applied:
+            self._apply(worker, version, snapshot, staleness, x, y)
+        else:
+            self.rejected += 1
+        self.versions.release(version)
+        self.read[worker] = self.updates  # it reads theta right after its own commit
+        self.versions.read(self.updates, self.theta)
+        self.versions.drop_before(self.updates - self.config.max_staleness)
+        self.schedule.start(worker)
+        return applied
+
+    def _apply(self, worker: int, version: int, snapshot: np.ndarray, staleness: int,
+               x: torch.Tensor, y: torch.Tensor) -> None:
+        if self._in_net != version:
+            np.copyto(self.net.values, snapshot)
+            self._in_net = version
+        loss = self.net.gradient(x, y)  # computed on s, the copy the worker read
+        np.subtract(self.theta, snapshot, out=self.drift)
+        stats = self.rule.apply(self.theta, self.net.grad_values, self.drift,
+                                self.ids[worker], staleness)
+        self.updates += 1
+        self.window.add(stats, loss)
+        self.total.add(stats, loss)
+
+    def record(self) -> dict[str, float]:
+        """Evaluate theta and close the current window: one curve point."""
+        started = time.perf_counter()
+        np.copyto(self.net.values, self.theta)
+        self._in_net = None
+        train_loss, _ = evaluate(self.net.model, self.eval_train, EVAL_BATCH)
+        test_loss, test_accuracy = evaluate(self.net.model, self.eval_test, EVAL_BATCH)
+        row = {"updates": self.updates, "gradients": self.gradients,
+               "worker_steps": self.gradients / self.workers,
+               "epochs": self.gradients * self.config.batch_size / len(self.data.train),  # type: ignore[arg-type]
+               "time": self.schedule.now, "train_loss": train_loss, "test_loss": test_loss,
+               "test_accuracy": test_accuracy, **self.window.row(), "rejected": self.rejected}
+        self.curve.append(row)
+        self.window = Window()
+        self.eval_s += time.perf_counter() - started
+        return row
+
+    def record_pi(self) -> None:
+        scale = self.rule.last_scale()
+        self.pi_tensors.append([self.updates, *(median_sample(scale[t.slice])
+                                                for t in self.layout.tensors)])
+
+    def run(self, on_updates: ProgressHook | None = None) -> SimResult:
+        started, budget, reported = time.perf_counter(), self.config.budget_updates, 0
+        self.record()
+        while self.updates < budget:
+            if not self.step():
+                self._check_rejections()
+                continue
+            if self.updates % self.pi_every == 0:
+                self.record_pi()
+            if self.updates % self.eval_every and self.updates < budget:
+                continue
+            row = self.record()
+            if on_updates is not None:
+                on_updates(self.updates - reported, row)
+                reported = self.updates
+            if not math.isfinite(row["train_loss"]):
+                break  # diverged: theta is NaN or infinite from here on
+        return SimResult(self.config, self.options, self.curve,
+                         [t.name for t in self.layout.tensors], self.pi_tensors,
+                         self._summary(time.perf_counter() - started), self.theta)
+
+    def _check_rejections(self) -> None:
+        if self.rejected > self.config.budget_updates:
+            raise GemqError(f"{self.rejected} gradients were more than max_staleness="
+                            f"{self.config.max_staleness} updates stale, more than the budget "
+                            f"of {self.config.budget_updates} updates; raise --max-staleness")
+
+    def _summary(self, wall_s: float) -> dict[str, Any]:
+        first, last, total = self.curve[0], self.curve[-1], self.total.row()
+        final = last["train_loss"]
+        compute_s = wall_s - self.eval_s
+        return {
+            "algo": "proxy" if self.options.reference else self.config.algo,
+            "workers": self.workers, "parameters": self.layout.size,
+            "updates": self.updates, "gradients": self.gradients, "rejected": self.rejected,
+            "initial_train_loss": first["train_loss"], "train_loss": final,
+            "test_loss": last["test_loss"], "test_accuracy": last["test_accuracy"],
+            "diverged": _diverged(self.curve),
+            "staleness_mean": total["staleness_mean"], "staleness_max": total["staleness_max"],
+            "energy_ratio": total["energy_ratio"], "median_pi": total["median_pi"],
+            "snapshots_peak": self.versions.peak, "wall_s": wall_s, "eval_s": self.eval_s,
+            "gradients_per_s": self.gradients / compute_s if compute_s > 0 else math.nan,
+        }
+
+
+def _diverged(curve: list[dict[str, float]]) -> bool:
+    """NaN or infinite, or above its starting value, at any point of the curve."""
+    start = curve[0]["train_loss"]
+    return any(not math.isfinite(r["train_loss"]) or r["train_loss"] > start for r in curve)
+
+
+def _check_feasible(config: RunConfig, staleness: StalenessModel, workers: int) -> None:
+    if staleness.kind == "round-robin" and workers - 1 > config.max_staleness:
+        raise ConfigError("max_staleness", f"round-robin makes every update {workers - 1} "
+                          f"updates stale, over max_staleness={config.max_staleness}: every "
+                          f"gradient would be rejected (raise --max-staleness)")
+
+
+@contextlib.contextmanager
+def deterministic_torch() -> Iterator[None]:
+    """One thread, deterministic kernels, and the caller's RNG and settings restored after."""
+    threads = torch.get_num_threads()
+    strict = torch.are_deterministic_algorithms_enabled()
+    with torch.random.fork_rng(devices=[]):
+        torch.set_num_threads(1)  # a fixed reduction order: bit-identical sums
+        torch.use_deterministic_algorithms(True)
+        try:
+            yield
+        finally:
+            torch.use_deterministic_algorithms(strict)
+            torch.set_num_threads(threads)
+
+
+def simulate(config: RunConfig, options: SimOptions | None = None, *,
+             data: DataSplit | None = None, on_updates: ProgressHook | None = None,
+             progress: bool = False) -> SimResult:
+    """Simulate one run; same config and options, same result, bit for bit."""
+    options = options or SimOptions()
+    bar = tqdm(total=config.budget_updates, unit="upd", dynamic_ncols=True,
+               desc=f"{'proxy' if options.reference else config.algo} n={options.workers}",
+               disable=not progress)
+
+    def hook(count: int, row: dict[str, float]) -> None:
+        bar.set_postfix_str(f"loss={row['train_loss']:.3f} pi={row['median_pi']:.2f} "
+                            f"tau={row['staleness_mean']:.1f}", refresh=False)
+        bar.update(count)
+        if on_updates is not None:
+            on_updates(count, row)
+
+    # Divergence is an outcome to measure, not an error: inf - inf is allowed to give NaN.
+    with bar, deterministic_torch(), np.errstate(over="ignore", invalid="ignore"):
+        return Simulator(config, options, data).run(hook)
