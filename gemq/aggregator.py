@@ -25,7 +25,7 @@ import numpy as np
 from gemq import codec
 from gemq.config import RunConfig
 from gemq.connection import TRANSIENT_ERRORS, Backoff, connect
-from gemq.errors import CodecError, FencedError, RunLost
+from gemq.errors import CodecError, FencedError, RunLost, RunNotFound
 from gemq.keys import is_valid_worker_id
 from gemq.layout import ParamLayout
 from gemq.process import graceful_shutdown, setup_logging
@@ -222,10 +222,15 @@ class Aggregator:
         """
         shutdown = shutdown or threading.Event()
         outage = Backoff(f"run {self.store.run_id}: aggregator")
+        self.store.config()  # RunNotFound now, before anything: the run must exist
         try:
             while not shutdown.is_set():
                 try:
                     outcome = self._term(shutdown)
+                except RunNotFound as e:
+                    raise RunLost(f"run {self.store.run_id} vanished from Redis (restarted "
+                                  "without persistence?); not starting it again from "
+                                  "scratch") from e
                 except TRANSIENT_ERRORS as e:
                     outage.wait(shutdown, e)
                     continue

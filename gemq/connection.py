@@ -31,12 +31,13 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def connect(url: str, *, wait_s: float = 30.0, socket_timeout_s: float = 30.0,
+def connect(url: str, *, wait_s: float | None = 30.0, socket_timeout_s: float = 30.0,
             retries: int = 3) -> redis.Redis:
     """A client for ``url`` (redis://, rediss:// or unix://, password and ACL user included).
 
     Waits up to ``wait_s`` for the server to answer PING, retrying with capped exponential
     backoff and one log line per attempt; then raises RedisUnavailable naming the URL.
+    ``wait_s=None`` does not wait: the client connects on its first command.
     Commands on the returned client are re-sent up to ``retries`` times after a transient
     connection error. Only idempotent callers should allow that: a worker, whose XADD must
     not land twice, passes ``retries=0`` and waits out outages in its own loop.
@@ -48,7 +49,8 @@ def connect(url: str, *, wait_s: float = 30.0, socket_timeout_s: float = 30.0,
             retry_on_error=list(TRANSIENT_ERRORS), health_check_interval=30)
     except ValueError as e:
         raise RedisUnavailable(f"invalid Redis URL {redact(url)!r}: {e}") from e
-    wait_until_ready(url, wait_s)
+    if wait_s is not None:
+        wait_until_ready(url, wait_s)
     return client
 
 

@@ -48,7 +48,7 @@ from gemq.staleness import Schedule, StalenessModel
 
 #: One row of the recorded curves: these keys, in this order (the CSV header).
 CURVE_FIELDS = ("updates", "gradients", "worker_steps", "epochs", "time", "train_loss",
-                "test_loss", "test_accuracy", "batch_loss", "median_pi", "energy_ratio",
+                "test_loss", "test_accuracy", "batch_loss", "median_pi", "mean_pi", "energy_ratio",
                 "staleness_mean", "staleness_min", "staleness_max", "rejected")
 MAX_WORKERS = 100_000
 #: Curve points per run when ``eval_every`` is not given.
@@ -90,8 +90,9 @@ class SimResult:
     options: SimOptions
     curve: list[dict[str, float]]
     tensors: list[str]
-    #: Rows [updates, median pi of each tensor] (for the per-tensor heat map).
-    pi_tensors: list[list[float]]
+    #: Every ``pi_every`` updates: the median and mean pi of each tensor, and the shares of
+    #: elements whose pi is 0 and at pi_max (for the per-tensor heat map).
+    pi_tensors: list[dict[str, Any]]
     summary: dict[str, Any]
     theta: np.ndarray
 
@@ -242,16 +243,18 @@ class Window:
     updates: int = 0
     loss: float = 0.0
     pi: float = 0.0
+    mean_pi: float = 0.0
     e_central: float = 0.0
     e_proxy: float = 0.0
     staleness: int = 0
     staleness_min: float = math.inf
     staleness_max: float = -math.inf
 
-    def add(self, stats: UpdateStats, loss: float) -> None:
+    def add(self, stats: UpdateStats, loss: float, mean_pi: float) -> None:
         self.updates += 1
         self.loss += loss
         self.pi += stats.median_pi
+        self.mean_pi += mean_pi
         self.e_central += stats.e_central
         self.e_proxy += stats.e_proxy
         self.staleness += stats.staleness
@@ -261,6 +264,7 @@ class Window:
     def row(self) -> dict[str, float]:
         n = self.updates or math.nan
         return {"batch_loss": self.loss / n, "median_pi": self.pi / n,
+                "mean_pi": self.mean_pi / n,
                 "energy_ratio": self.e_central / self.e_proxy if self.e_proxy else math.nan,
                 "staleness_mean": self.staleness / n,
                 "staleness_min": self.staleness_min if self.updates else math.nan,
@@ -305,7 +309,7 @@ class Simulator:
         self.drift = np.empty(self.layout.size, np.float32)
         self.window, self.total = Window(), Window()
         self.curve: list[dict[str, float]] = []
-        self.pi_tensors: list[list[float]] = []
+        self.pi_tensors: list[dict[str, Any]] = []
         self.eval_s = 0.0
         self._in_net: int | None = None  # the version whose snapshot the net holds
         self.eval_train = _head(self.data.train, options.eval_samples)
@@ -351,8 +355,9 @@ class Simulator:
         stats = self.rule.apply(self.theta, self.net.grad_values, self.drift,
                                 self.ids[worker], staleness)
         self.updates += 1
-        self.window.add(stats, loss)
-        self.total.add(stats, loss)
+        mean_pi = float(self.rule.last_scale().mean())
+        self.window.add(stats, loss, mean_pi)
+        self.total.add(stats, loss, mean_pi)
 
     def record(self) -> dict[str, float]:
         """Evaluate theta and close the current window: one curve point."""
@@ -372,9 +377,13 @@ class Simulator:
         return row
 
     def record_pi(self) -> None:
-        scale = self.rule.last_scale()
-        self.pi_tensors.append([self.updates, *(median_sample(scale[t.slice])
-                                                for t in self.layout.tensors)])
+        scale, tensors = self.rule.last_scale(), self.layout.tensors
+        self.pi_tensors.append({
+            "updates": self.updates,
+            "median": [median_sample(scale[t.slice]) for t in tensors],
+            "mean": [float(scale[t.slice].mean()) for t in tensors],
+            "zero_fraction": float(np.count_nonzero(scale == 0.0)) / scale.size,
+            "clip_fraction": float(np.count_nonzero(scale >= self.config.pi_max)) / scale.size})
 
     def run(self, on_updates: ProgressHook | None = None) -> SimResult:
         started, budget, reported = time.perf_counter(), self.config.budget_updates, 0
@@ -416,9 +425,20 @@ class Simulator:
             "diverged": _diverged(self.curve),
             "staleness_mean": total["staleness_mean"], "staleness_max": total["staleness_max"],
             "energy_ratio": total["energy_ratio"], "median_pi": total["median_pi"],
+            "mean_pi": total["mean_pi"], **self._pi_shares(),
             "snapshots_peak": self.versions.peak, "wall_s": wall_s, "eval_s": self.eval_s,
             "gradients_per_s": self.gradients / compute_s if compute_s > 0 else math.nan,
         }
+
+    def _pi_shares(self) -> dict[str, float]:
+        """Shares of elements with pi = 0 and pi = pi_max, averaged over the pi records."""
+        rows = self.pi_tensors
+        return {"pi_zero_fraction": _mean_of(rows, "zero_fraction"),
+                "pi_clip_fraction": _mean_of(rows, "clip_fraction")}
+
+
+def _mean_of(rows: list[dict[str, Any]], name: str) -> float:
+    return float(np.mean([r[name] for r in rows])) if rows else math.nan
 
 
 def _diverged(curve: list[dict[str, float]]) -> bool:

@@ -33,6 +33,9 @@ class ApiSettings(_GemqSettings):
     open_reads: bool = True
     #: The rq queue aggregation jobs are enqueued on.
     aggregator_queue: str = "gemq-aggregator"
+    #: Accept ``package.module:factory`` models and datasets in API requests. Off by
+    #: default: importing and calling a named function is running code chosen by the caller.
+    allow_import_specs: bool = False
 
     @field_validator("api_token")
     @classmethod

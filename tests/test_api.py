@@ -79,6 +79,7 @@ def test_mutations_need_the_token(api: Service) -> None:
     ({"lr": -1}, "lr"), ({"algo": "sgd"}, "algo"), ({"batch_size": 10**7}, "batch_size"),
     ({"dataset": "nope"}, "dataset"), ({"model": "nope", **{"dataset": "digits"}}, "model"),
     ({"epochs": 1, "steps": 5}, "body"), ({"bogus": 1}, "bogus"),
+    ({"model": "os:getcwd"}, "model"), ({"dataset": "os:getcwd"}, "dataset"),
 ])
 def test_invalid_configs_are_422_naming_the_field(api: Service, body: dict[str, object],
                                                   field: str) -> None:
@@ -88,6 +89,26 @@ def test_invalid_configs_are_422_naming_the_field(api: Service, body: dict[str, 
     locations = [e["loc"] for e in response.json()["detail"]]
     assert any(loc[-1] == field or (field == "body" and loc == ["body"]) for loc in locations), \
         locations
+
+
+def test_import_specs_are_off_by_default(api: Service) -> None:
+    with api.client() as c:
+        response = c.post("/api/runs", json={"model": "os:getcwd"})
+    assert "GEMQ_ALLOW_IMPORT_SPECS" in response.json()["detail"][0]["msg"]
+
+
+def test_api_starts_before_redis_and_becomes_ready(redis_server: EmbeddedRedis) -> None:
+    redis_server.kill()
+    service = start_api(redis_server.url, GEMQ_API_TOKEN=TOKEN)
+    try:
+        with service.client() as c:
+            assert c.get("/readyz").status_code == 503
+            assert c.get("/api/runs").status_code == 503
+            redis_server.start()
+            wait_for(lambda: c.get("/readyz").status_code == 200, what="ready")
+            assert c.get("/api/runs").json() == {"runs": []}
+    finally:
+        service.process.stop()
 
 
 def test_unknown_runs_are_404(api: Service) -> None:

@@ -8,12 +8,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import uvicorn
-from fastapi import FastAPI
-from fastapi.responses import FileResponse
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from gemq import __version__
-from gemq.connection import connect, redact
+from gemq.connection import TRANSIENT_ERRORS, connect, redact
 from gemq.errors import GemqError
 from gemq.process import setup_logging
 from services.api.routes import events, health, metrics, runs
@@ -26,7 +26,9 @@ WEB_DIR = Path(__file__).resolve().parents[2] / "web"
 def create_app(settings: ApiSettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.redis = connect(settings.redis_url, wait_s=float("inf"))
+        # Not waiting for Redis: the service answers /healthz at once and /readyz says
+        # whether Redis is there.
+        app.state.redis = connect(settings.redis_url, wait_s=None)
         try:
             yield
         finally:
@@ -37,8 +39,14 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.state.settings = settings
     for module in (health, metrics, runs, events):
         app.include_router(module.router)
+    for error in TRANSIENT_ERRORS:
+        app.add_exception_handler(error, _redis_unavailable)
     _mount_dashboard(app)
     return app
+
+
+async def _redis_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"detail": f"Redis is not reachable: {exc}"}, status_code=503)
 
 
 def _mount_dashboard(app: FastAPI) -> None:

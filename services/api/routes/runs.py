@@ -14,6 +14,7 @@ from gemq.config import RunConfig
 from gemq.data import DataSplit, load_dataset
 from gemq.errors import ConfigError, SpecError
 from gemq.runs import budget_for, create_run, new_run_id
+from gemq.specs import is_import_spec
 from gemq.store import CREATED, ENDED, RunStore
 from services.api import views
 from services.api.deps import Reader, RedisClient, Settings, Store, Writer
@@ -29,7 +30,12 @@ def _dataset(spec: str) -> DataSplit:
     return load_dataset(spec)
 
 
-def _create(client: Any, request: RunRequest) -> RunStore:
+def _create(client: Any, request: RunRequest, allow_imports: bool) -> RunStore:
+    for field in ("model", "dataset"):
+        if is_import_spec(getattr(request, field)) and not allow_imports:
+            raise _unprocessable(field, f"{field} {getattr(request, field)!r}: module:factory "
+                                        "specs are disabled on this service "
+                                        "(GEMQ_ALLOW_IMPORT_SPECS=true enables them)")
     try:
         data = _dataset(request.dataset)
     except SpecError as e:
@@ -63,7 +69,7 @@ def list_runs(client: RedisClient) -> dict[str, Any]:
                         422: {"description": "invalid configuration"}})
 async def create(request: RunRequest, client: RedisClient, settings: Settings) -> dict[str, Any]:
     """Create a run from a configuration and, unless start is false, start it."""
-    store = await run_in_threadpool(_create, client, request)
+    store = await run_in_threadpool(_create, client, request, settings.allow_import_specs)
     if request.start:
         enqueue_aggregation(client, settings.aggregator_queue, store.run_id)
     return views.run_view(store)
