@@ -244,12 +244,12 @@ class Aggregator:
     def _term(self, shutdown: threading.Event) -> str | None:
         """Stand by, then lead; None when the lease was lost and another term should begin."""
         config, layout = self.store.config(), self.store.layout()
-        state = self.store.state()
+        if not self._wait_for_lease(shutdown):
+            return "shutdown"
+        state = self.store.state()  # checked under the lease: the last leader may be done
         if state in ENDED:
             log.info("run %s is %s; nothing to do", config.run_id, state)
             return state
-        if not self._wait_for_lease(shutdown):
-            return "shutdown"
         try:
             return self._lead(Leader(self.store, config, layout), shutdown)
         except FencedError as e:
@@ -267,11 +267,14 @@ class Aggregator:
         return max(1, min(self.options.idle_block_ms, self.options.lease_ms // 4))
 
     def _wait_for_lease(self, shutdown: threading.Event) -> bool:
+        """Take the lease (True), or give up on shutdown or once the run has ended."""
         announced = False
         while not shutdown.is_set():
             if self.store.acquire_lease(self.token, self.options.lease_ms):
                 log.info("run %s: leading as %s", self.store.run_id, self.token)
                 return True
+            if self.store.state() in ENDED:
+                return True  # the caller sees the state and leaves
             if not announced:
                 log.info("run %s: another aggregator holds the lease; standing by",
                          self.store.run_id)

@@ -1,0 +1,158 @@
+"""Faults, with real processes: a frozen leader, Redis crashes, a stalled consumer."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import numpy as np
+import pytest
+import redis
+
+from gemq.embedded import EmbeddedRedis
+from gemq.store import FINISHED, RunStore
+from tests.helpers import SMALL_LAYOUT, GemqProcess, gradient_message, small_run, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def leader_pid(client: redis.Redis, store: RunStore) -> int | None:
+    token = client.get(store.keys.lease)
+    return int(token.decode().split(":")[1]) if token else None  # host:pid:random
+
+
+def publish(store: RunStore, grads: np.ndarray) -> None:
+    for g in grads:
+        wait_for(lambda: store.client.xlen(store.keys.gradients) < 16, what="backpressure")
+        store.publish_gradient("w1", gradient_message(store, "w1", g))
+
+
+def test_frozen_leader_is_fenced_and_the_standby_takes_over(
+        redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
+    total = 300
+    store = small_run(redis_client, algo="downpour", lr=0.01, budget_updates=total,
+                      read_batch=4)
+    grads = np.random.default_rng(11).standard_normal((total, SMALL_LAYOUT.size),
+                                                      dtype=np.float32)
+    args = ("aggregator", "--run", store.run_id, "--redis-url", redis_server.url,
+            "--lease-ms", "800")
+    first, second = GemqProcess(*args), GemqProcess(*args)
+    procs = {first.process.pid: first, second.process.pid: second}
+    try:
+        publish(store, grads[:100])
+        wait_for(lambda: store.counters().get("applied") == 100, what="100 applied")
+        frozen = leader_pid(redis_client, store)
+        assert frozen in procs
+        standby = next(pid for pid in procs if pid != frozen)
+        procs[frozen].send_signal(signal.SIGSTOP)
+        wait_for(lambda: leader_pid(redis_client, store) == standby, timeout_s=10,
+                 what="standby takes the lease")
+        publish(store, grads[100:200])
+        wait_for(lambda: store.counters().get("applied") == 200, what="200 applied")
+        procs[frozen].send_signal(signal.SIGCONT)  # wakes up believing it leads
+        publish(store, grads[200:])
+        for process in procs.values():
+            assert process.wait(60) == 0, process.output()
+        assert "lease" in procs[frozen].output()
+    finally:
+        for process in procs.values():
+            process.send_signal(signal.SIGCONT)
+            process.stop()
+    assert store.counters() == {"published": total, "applied": total}
+    np.testing.assert_allclose(store.latest()[1], -0.01 * grads.sum(axis=0), rtol=1e-4,
+                               atol=1e-5)
+
+
+def test_redis_crash_with_aof_loses_nothing_and_repeats_nothing() -> None:
+    with EmbeddedRedis(appendonly=True, extra_args=("--appendfsync", "always")) as server:
+        client = redis.Redis.from_url(server.url)
+        total = 300
+        store = small_run(client, algo="downpour", lr=0.01, budget_updates=total,
+                          read_batch=4)
+        grads = np.random.default_rng(5).standard_normal((total, SMALL_LAYOUT.size),
+                                                         dtype=np.float32)
+        aggregator = GemqProcess("aggregator", "--run", store.run_id, "--redis-url",
+                                 server.url, "--lease-ms", "1000")
+        try:
+            publish(store, grads[:150])  # a backlog the aggregator is busy with
+            server.kill()  # a crash, mid-commit or not
+            time.sleep(1.0)
+            server.start()
+            client = redis.Redis.from_url(server.url)
+            store = RunStore(client, store.run_id)
+            publish(store, grads[150:])
+            assert aggregator.wait(90) == 0, aggregator.output()
+            assert "Redis unreachable" in aggregator.output()
+        finally:
+            aggregator.stop()
+        assert store.state() == FINISHED
+        assert store.counters() == {"published": total, "applied": total}
+        assert store.head().version == total
+        np.testing.assert_allclose(store.latest()[1], -0.01 * grads.sum(axis=0), rtol=1e-4,
+                                   atol=1e-5)
+        client.close()
+
+
+def test_redis_restart_without_persistence_is_reported(redis_server: EmbeddedRedis,
+                                                       redis_client: redis.Redis) -> None:
+    store = small_run(redis_client, budget_updates=10**6)
+    aggregator = GemqProcess("aggregator", "--run", store.run_id, "--redis-url",
+                             redis_server.url, "--lease-ms", "1000")
+    try:
+        wait_for(lambda: store.state() == "running", what="running")
+        redis_server.restart()  # no AOF: comes back empty
+        assert aggregator.wait(60) == 1
+        output = aggregator.output()
+        assert "vanished from Redis (restarted without persistence?)" in output
+        assert "Traceback" not in output
+    finally:
+        aggregator.stop()
+    assert not redis.Redis.from_url(redis_server.url).exists(store.keys.params(0))
+
+
+def test_services_wait_for_redis_at_start() -> None:
+    server = EmbeddedRedis()  # port chosen, not started yet
+    aggregator = GemqProcess("aggregator", "--serve", "--redis-url", server.url)
+    try:
+        wait_for(lambda: "not reachable" in aggregator.output(), timeout_s=30,
+                 what="a retry log line")
+        assert aggregator.process.poll() is None
+        server.start()
+        wait_for(lambda: "waiting for jobs" in aggregator.output(), timeout_s=30,
+                 what="connected")
+    finally:
+        aggregator.stop()
+        server.stop()
+
+
+def test_stalled_aggregator_keeps_redis_memory_bounded(redis_server: EmbeddedRedis,
+                                                       redis_client: redis.Redis) -> None:
+    from gemq.config import RunConfig
+    from gemq.runs import create_run
+
+    store = create_run(redis_client, RunConfig(run_id="stall", model="logreg",
+                                               dataset="digits", batch_size=16,
+                                               max_pending=8, budget_updates=10**6))
+    url = redis_server.url
+    aggregator = GemqProcess("aggregator", "--run", "stall", "--redis-url", url)
+    workers = [GemqProcess("worker", "--run", "stall", "--redis-url", url, "--worker-id",
+                           f"w{i}") for i in range(3)]
+    try:
+        wait_for(lambda: store.counters().get("applied", 0) >= 50, timeout_s=60,
+                 what="50 updates")
+        aggregator.send_signal(signal.SIGSTOP)
+        wait_for(lambda: redis_client.xlen(store.keys.gradients) >= 8, what="stream fills")
+        time.sleep(1.0)
+        memory_then = redis_client.info("memory")["used_memory"]
+        published_then = store.counters()["published"]
+        time.sleep(2.0)
+        assert redis_client.xlen(store.keys.gradients) <= 8 + 3  # bound + one per worker
+        assert store.counters()["published"] - published_then <= 3
+        assert redis_client.info("memory")["used_memory"] - memory_then < 64 * 1024
+        aggregator.send_signal(signal.SIGCONT)
+        wait_for(lambda: store.counters()["applied"] >= published_then, timeout_s=30,
+                 what="backlog drained")
+    finally:
+        aggregator.send_signal(signal.SIGCONT)
+        for process in (aggregator, *workers):
+            process.stop()
