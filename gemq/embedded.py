@@ -51,10 +51,12 @@ class EmbeddedRedis:
 
     def __init__(self, *, port: int | None = None, appendonly: bool = False,
                  directory: str | Path | None = None, password: str | None = None,
+                 tls: tuple[Path, Path] | None = None,
                  extra_args: tuple[str, ...] = ()) -> None:
         self.port = port or free_port()
         self.appendonly = appendonly
         self.password = password
+        self.tls = tls  # (certificate, key); clients verify against the same certificate
         self.extra_args = extra_args
         self._own_dir = directory is None
         self.directory = Path(directory or tempfile.mkdtemp(prefix="gemq-redis-"))
@@ -63,6 +65,8 @@ class EmbeddedRedis:
     @property
     def url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
+        if self.tls:
+            return f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_ca_certs={self.tls[0]}"
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
@@ -72,6 +76,11 @@ class EmbeddedRedis:
                 "--appendfsync", "everysec", "--daemonize", "no", "--logfile", "redis.log"]
         if self.password:
             args += ["--requirepass", self.password]
+        if self.tls:
+            cert, key = self.tls
+            args += ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(cert),
+                     "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert),
+                     "--tls-auth-clients", "no"]
         self.process = subprocess.Popen([*args, *self.extra_args], stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, cwd=self.directory)
         atexit.register(self.stop)
@@ -79,7 +88,7 @@ class EmbeddedRedis:
         return self
 
     def _wait_ready(self, timeout_s: float) -> None:
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=1)
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=1, retry=None)
         deadline = time.monotonic() + timeout_s
         try:
             while True:
