@@ -156,3 +156,51 @@ def test_stalled_aggregator_keeps_redis_memory_bounded(redis_server: EmbeddedRed
         aggregator.send_signal(signal.SIGCONT)
         for process in (aggregator, *workers):
             process.stop()
+
+
+def _train(redis_url: str, client: redis.Redis, run_id: str, kills: int) -> float:
+    """Train an MLP on digits with 2 workers, SIGKILLing the aggregator ``kills`` times."""
+    from gemq.config import RunConfig
+    from gemq.data import load_dataset
+    from gemq.evaluate import evaluate, load_flat
+    from gemq.models import build_model
+    from gemq.runs import create_run
+
+    budget = 600
+    store = create_run(client, RunConfig(run_id=run_id, model="mlp", dataset="digits",
+                                         batch_size=32, budget_updates=budget))
+    agg_args = ("aggregator", "--run", run_id, "--redis-url", redis_url, "--lease-ms", "400")
+    workers = [GemqProcess("worker", "--run", run_id, "--redis-url", redis_url,
+                           "--worker-id", f"{run_id}-w{i}") for i in range(2)]
+    aggregator = GemqProcess(*agg_args)
+    try:
+        for k in range(kills):
+            target = (k + 1) * budget // (kills + 2)
+            wait_for(lambda t=target: store.counters().get("applied", 0) >= t, timeout_s=60,
+                     what=f"{target} updates")
+            aggregator.send_signal(signal.SIGKILL)
+            aggregator.wait()
+            aggregator.stop()
+            aggregator = GemqProcess(*agg_args)
+        assert aggregator.wait(120) == 0, aggregator.output()
+    finally:
+        for process in (aggregator, *workers):
+            process.stop()
+    counters = store.counters()
+    rejected = sum(v for k, v in counters.items() if k.startswith("rejected:"))
+    unused = counters.get("unused", 0) + store.unconsumed(store.head().last_id)
+    assert counters["applied"] == budget == store.head().version
+    assert counters["published"] == budget + rejected + unused
+    data = load_dataset("digits")
+    model = build_model("mlp", data.in_features, data.num_classes)
+    load_flat(model, store.latest()[1])
+    return evaluate(model, data.test)[1]
+
+
+def test_twenty_sigkills_leave_the_result_within_noise(redis_server: EmbeddedRedis,
+                                                       redis_client: redis.Redis) -> None:
+    undisturbed = _train(redis_server.url, redis_client, "calm", kills=0)
+    disturbed = _train(redis_server.url, redis_client, "chaos", kills=20)
+    print(f"test accuracy undisturbed {undisturbed:.3f}, with 20 SIGKILLs {disturbed:.3f}")
+    assert undisturbed > 0.85
+    assert abs(disturbed - undisturbed) < 0.05, (undisturbed, disturbed)
