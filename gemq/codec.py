@@ -41,10 +41,14 @@ WRONG_LAYOUT = "wrong_layout"
 WRONG_DTYPE = "wrong_dtype"
 WRONG_LENGTH = "wrong_length"
 NON_FINITE = "non_finite"
+OUT_OF_RANGE = "out_of_range"
 TOO_STALE = "too_stale"
 FUTURE_VERSION = "future_version"
 REASONS = (MALFORMED, TOO_LARGE, BAD_FORMAT, BAD_HEADER, WRONG_RUN, WRONG_LAYOUT,
-           WRONG_DTYPE, WRONG_LENGTH, NON_FINITE, TOO_STALE, FUTURE_VERSION)
+           WRONG_DTYPE, WRONG_LENGTH, NON_FINITE, OUT_OF_RANGE, TOO_STALE, FUTURE_VERSION)
+#: Gradient elements beyond this magnitude are refused: no real training produces them, and
+#: applied they would overflow float32 parameters and energies.
+MAX_ABS_GRADIENT = 1e12
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,8 @@ def decode(message: bytes, expected: Expected) -> GradientMessage:
     gradient.flags.writeable = False  # a view of the message: never to be written through
     if not np.isfinite(gradient).all():
         raise CodecError(NON_FINITE, "gradient holds NaN or Inf")
+    if gradient.size and float(np.abs(gradient).max()) > MAX_ABS_GRADIENT:
+        raise CodecError(OUT_OF_RANGE, f"gradient element beyond +-{MAX_ABS_GRADIENT:g}")
     return GradientMessage(**fields, gradient=gradient)
 
 

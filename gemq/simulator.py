@@ -339,9 +339,9 @@ class Simulator:
         else:
             self.rejected += 1
         self.versions.release(version)
+        self.versions.drop_before(self.updates - self.config.max_staleness)
         self.read[worker] = self.updates  # it reads theta right after its own commit
         self.versions.read(self.updates, self.theta)
-        self.versions.drop_before(self.updates - self.config.max_staleness)
         self.schedule.start(worker)
         return applied
 

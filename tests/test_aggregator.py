@@ -9,6 +9,8 @@ import threading
 import numpy as np
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gemq import codec
 from gemq.aggregator import Aggregator, AggregatorOptions, Leader
@@ -198,3 +200,24 @@ def test_codec_reason_counters_are_per_worker(redis_client: redis.Redis) -> None
     thread.join(10)
     assert store.worker_states()["wA"]["rejected:wrong_dtype"] == "1"
     assert codec.WRONG_DTYPE == "wrong_dtype"
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(blob=st.binary(max_size=400), mutate=st.integers(0, 200), value=st.integers(0, 255))
+def test_arbitrary_bytes_are_rejected_and_never_applied(redis_client: redis.Redis, blob: bytes,
+                                                        mutate: int, value: int) -> None:
+    store = RunStore(redis_client, "fuzz")
+    if not store.exists():
+        small_run(redis_client, "fuzz")
+    leader = Leader(store, store.config(), store.layout())
+    valid = bytearray(gradient_message(store, "w1", np.ones(SMALL_LAYOUT.size, np.float32)))
+    valid[mutate % len(valid)] = value  # one corrupted byte: it may still be a valid message
+    before = leader.theta.copy()
+    plan = leader.process([("1-0", blob, "w1"), ("2-0", bytes(valid), "w1")])
+    applied = plan.counters.get("applied", 0)
+    rejected = sum(v for k, v in plan.counters.items() if k.startswith("rejected:"))
+    assert applied + rejected == 2
+    if applied == 0:
+        np.testing.assert_array_equal(leader.theta, before)
+    assert np.isfinite(leader.theta).all()

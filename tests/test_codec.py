@@ -123,7 +123,8 @@ def test_bytearray_input_gives_read_only_gradient() -> None:
 def test_decoder_reasons_are_the_documented_ones() -> None:
     assert set(codec.REASONS) == {
         "malformed", "too_large", "bad_format", "bad_header", "wrong_run", "wrong_layout",
-        "wrong_dtype", "wrong_length", "non_finite", "too_stale", "future_version"}
+        "wrong_dtype", "wrong_length", "non_finite", "out_of_range", "too_stale",
+        "future_version"}
 
 
 @pytest.mark.parametrize("message", ["not bytes", None, 12, [1, 2], np.zeros(4, np.uint8)],
@@ -273,6 +274,19 @@ def test_non_finite(dtype: str, bad: float, where: int) -> None:
     gradient[where] = bad
     expected = EXPECTED if dtype == "float32" else EXPECTED16
     assert reason(make(gradient=gradient, dtype=dtype), expected) == "non_finite"
+
+
+@pytest.mark.parametrize("bad", [1e13, -3e38])
+def test_out_of_range(bad: float) -> None:
+    gradient = GRADIENT.copy()
+    gradient[3] = bad
+    assert reason(make(gradient=gradient)) == "out_of_range"
+
+
+def test_largest_accepted_value() -> None:
+    gradient = GRADIENT.copy()
+    gradient[0] = -codec.MAX_ABS_GRADIENT
+    assert decode(make(gradient=gradient), EXPECTED).gradient[0] == np.float32(-1e12)
 
 
 def test_non_finite_from_raw_bits() -> None:

@@ -46,10 +46,18 @@ def require_writer(settings: Settings, credentials: Credentials) -> None:
     _check_token(settings, credentials)
 
 
-def require_reader(settings: Settings, credentials: Credentials) -> None:
-    """Reads: open unless GEMQ_OPEN_READS=false."""
-    if not settings.open_reads:
-        _check_token(settings, credentials)
+def require_reader(settings: Settings, request: Request) -> None:
+    """Reads: open unless GEMQ_OPEN_READS=false.
+
+    The header is read by hand rather than through HTTPBearer so that the OpenAPI schema
+    does not claim open reads need a token.
+    """
+    if settings.open_reads:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    credentials = (HTTPAuthorizationCredentials(scheme=scheme, credentials=token)
+                   if scheme.lower() == "bearer" and token else None)
+    _check_token(settings, credentials)
 
 
 def get_store(run_id: str, client: RedisClient) -> RunStore:
@@ -60,5 +68,9 @@ def get_store(run_id: str, client: RedisClient) -> RunStore:
 
 
 Store = Annotated[RunStore, Depends(get_store)]
+#: Documented on every endpoint that needs the token.
+AUTH_ERRORS: dict[int | str, dict[str, str]] = {
+    401: {"description": "no bearer token (when GEMQ_API_TOKEN is set)"},
+    403: {"description": "wrong bearer token"}}
 Writer = Depends(require_writer)
 Reader = Depends(require_reader)

@@ -17,7 +17,7 @@ from gemq.runs import budget_for, create_run, new_run_id
 from gemq.specs import is_import_spec
 from gemq.store import CREATED, ENDED, RunStore
 from services.api import views
-from services.api.deps import Reader, RedisClient, Settings, Store, Writer
+from services.api.deps import AUTH_ERRORS, Reader, RedisClient, Settings, Store, Writer
 from services.api.schemas import RunRequest
 from services.jobs import enqueue_aggregation
 
@@ -65,7 +65,8 @@ def list_runs(client: RedisClient) -> dict[str, Any]:
 
 
 @router.post("", status_code=201, dependencies=[Writer],
-             responses={409: {"description": "a run with this id exists"},
+             responses={**AUTH_ERRORS, 400: {"description": "the body is not valid JSON"},
+                        409: {"description": "a run with this id exists"},
                         422: {"description": "invalid configuration"}})
 async def create(request: RunRequest, client: RedisClient, settings: Settings) -> dict[str, Any]:
     """Create a run from a configuration and, unless start is false, start it."""
@@ -82,7 +83,8 @@ def get_run(store: Store) -> dict[str, Any]:
 
 
 @router.post("/{run_id}/start", status_code=202, dependencies=[Writer],
-             responses={**NOT_FOUND, 409: {"description": "already started or ended"}})
+             responses={**NOT_FOUND, **AUTH_ERRORS,
+                        409: {"description": "already started or ended"}})
 def start(store: Store, client: RedisClient, settings: Settings) -> dict[str, Any]:
     """Enqueue the aggregation job of a created run."""
     status = store.status()
@@ -94,7 +96,8 @@ def start(store: Store, client: RedisClient, settings: Settings) -> dict[str, An
 
 
 @router.post("/{run_id}/stop", status_code=202, dependencies=[Writer],
-             responses={**NOT_FOUND, 409: {"description": "the run has already ended"}})
+             responses={**NOT_FOUND, **AUTH_ERRORS,
+                        409: {"description": "the run has already ended"}})
 def stop(store: Store) -> dict[str, Any]:
     """Ask the aggregator to finish its batch, commit and mark the run stopped."""
     state = store.state()
