@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -204,3 +206,45 @@ def test_twenty_sigkills_leave_the_result_within_noise(redis_server: EmbeddedRed
     print(f"test accuracy undisturbed {undisturbed:.3f}, with 20 SIGKILLs {disturbed:.3f}")
     assert undisturbed > 0.85
     assert abs(disturbed - undisturbed) < 0.05, (undisturbed, disturbed)
+
+
+def _parent_pid(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def test_standby_service_takes_over_when_the_job_pod_dies(redis_server: EmbeddedRedis,
+                                                          redis_client: redis.Redis) -> None:
+    from gemq.config import RunConfig
+    from gemq.runs import create_run
+    from services.jobs import enqueue_aggregation
+
+    url = redis_server.url
+    services = [GemqProcess("aggregator", "--serve", "--redis-url", url, "--lease-ms", "800")
+                for _ in range(2)]
+    store = create_run(redis_client, RunConfig(run_id="pod", model="logreg", dataset="digits",
+                                               batch_size=16, budget_updates=1500))
+    workers = [GemqProcess("worker", "--run", "pod", "--redis-url", url, "--worker-id",
+                           f"w{i}") for i in range(2)]
+    try:
+        enqueue_aggregation(redis_client, "gemq-aggregator", "pod", lease_ms=800)
+        wait_for(lambda: store.counters().get("applied", 0) >= 300, timeout_s=60,
+                 what="300 updates")
+        horse = leader_pid(redis_client, store)
+        assert horse is not None
+        pod = _parent_pid(horse)  # the rq worker whose work horse runs the job
+        victim = next(s for s in services if s.process.pid == pod)
+        survivor = next(s for s in services if s is not victim)
+        os.kill(horse, signal.SIGKILL)
+        victim.send_signal(signal.SIGKILL)  # the whole pod dies
+        wait_for(lambda: store.state() == FINISHED, timeout_s=90, what="run finished")
+        assert "taking it over" in survivor.output()
+        assert leader_pid(redis_client, store) in (None, survivor.process.pid)
+    finally:
+        for process in (*services, *workers):
+            process.stop()
+    counters = store.counters()
+    rejected = sum(v for k, v in counters.items() if k.startswith("rejected:"))
+    unused = counters.get("unused", 0) + store.unconsumed(store.head().last_id)
+    assert counters["applied"] == 1500 == store.head().version
+    assert counters["published"] == counters["applied"] + rejected + unused
