@@ -10,6 +10,7 @@ demo: $(VENV)/.installed
 	$(BIN)/gemq run
 
 test: $(VENV)/.installed-test
+	@.ci/install-browser || echo "make test: no chromium, so the browser test will fail"
 	$(BIN)/python -m pytest
 
 lint: $(VENV)/.installed-test

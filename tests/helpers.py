@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -52,8 +55,10 @@ class GemqProcess:
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         self.log = tempfile.NamedTemporaryFile(prefix="gemq-proc-", suffix=".log")  # noqa: SIM115 (closed by stop())
+        # A session of its own: stop() reaps its children too (rq's work horses).
         self.process = subprocess.Popen([sys.executable, "-m", "gemq", *args],
-                                        stdout=self.log, stderr=subprocess.STDOUT, env=env)
+                                        stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                        start_new_session=True)
 
     def output(self) -> str:
         return Path(self.log.name).read_text(errors="replace")
@@ -65,8 +70,31 @@ class GemqProcess:
         return self.process.wait(timeout)
 
     def stop(self) -> None:
-        """Kill the process if it still runs, and release its log."""
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        """Kill the process and everything it started, and release its log."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
         self.log.close()
+
+
+def sigkill_at(store: RunStore, targets: list[int], aggregator: GemqProcess,
+               args: tuple[str, ...], timeout_s: float = 60) -> GemqProcess:
+    """SIGKILL ``aggregator`` each time ``applied`` reaches a target and start a new one with
+    ``args``; return the process that runs last."""
+    for target in targets:
+        wait_for(lambda t=target: store.counters().get("applied", 0) >= t,
+                 timeout_s=timeout_s, what=f"{target} updates")
+        aggregator.send_signal(signal.SIGKILL)
+        aggregator.wait()
+        aggregator.stop()
+        aggregator = GemqProcess(*args)
+    return aggregator
+
+
+def assert_accounting_closes(store: RunStore, applied: int) -> None:
+    """Every gradient published was applied once, rejected, or left unused."""
+    counters = store.counters()
+    rejected = sum(v for k, v in counters.items() if k.startswith("rejected:"))
+    unused = counters.get("unused", 0) + store.unconsumed(store.head().last_id)
+    assert counters["applied"] == applied == store.head().version
+    assert counters["published"] == applied + rejected + unused

@@ -55,7 +55,7 @@ def api_url(redis_server: EmbeddedRedis) -> Iterator[str]:
         yield base
     finally:
         for process in processes:
-            process.stop()
+            process.stop()  # the whole process group, rq's work horses included
 
 
 def _answer_dialogs(page: Page, seen: list[tuple[str, str]]) -> None:
@@ -79,7 +79,6 @@ def test_dashboard_watches_and_stops_a_live_run(api_url: str) -> None:
 
         ARTIFACTS.mkdir(exist_ok=True)
         errors: list[str] = []
-        dialogs: list[tuple[str, str]] = []
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
@@ -91,61 +90,11 @@ def test_dashboard_watches_and_stops_a_live_run(api_url: str) -> None:
                     if message.type == "error" and "Failed to load resource" not in message.text:
                         errors.append(f"console: {message.text}")
                 page.on("console", console)
-                _answer_dialogs(page, dialogs)
-
-                page.goto(api_url + "/")
-                # The page picks the running run by itself and fills in over SSE.
-                page.wait_for_function(
-                    "document.querySelector('#run-title').textContent === %r" % RUN,
-                    timeout=15_000)
-                page.wait_for_function(
-                    "Number(document.querySelector('#loss-chart').dataset.points) >= 5"
-                    " && document.querySelector('#loss-chart polyline') !== null",
-                    timeout=45_000)
-                page.wait_for_function(
-                    "document.querySelectorAll("
-                    "'#workers-table tbody tr[data-worker-id][data-active=true]').length === 2",
-                    timeout=30_000)
-                assert page.locator("#energy-chart polyline").count() >= 1
-                assert page.locator("#energy-chart line.ref").count() == 1  # compliance at 1
-                page.wait_for_function(
-                    "Number(document.querySelector('#rate-chart').dataset.points) >= 2"
-                    " && Number(document.querySelector('#pi-heatmap').dataset.columns) >= 2",
-                    timeout=15_000)
-                assert page.locator("#pi-heatmap canvas").count() == 1
-                assert page.text_content("#run-state") == "running"
-                assert page.locator(f'#run-list li[data-run-id="{RUN}"]').count() == 1
-                assert page.get_attribute("#connection", "data-state") == "live"
-                ids = {w["worker_id"] for w in api.get(f"/api/runs/{RUN}").json()["workers"]}
-                shown = set(page.locator("#workers-table tbody tr[data-worker-id]")
-                            .evaluate_all("rows => rows.map(r => r.dataset.workerId)"))
-                assert shown == ids and len(ids) == 2
-
-                # A bad start: the token is asked for (401), kept, and the 422 is explained.
-                page.fill("#f-lr", "-1")
-                page.click("#start-button")
-                page.wait_for_selector("#error-banner:not([hidden])", timeout=10_000)
-                assert "lr" in page.text_content("#error-text")
-                assert [kind for kind, _ in dialogs] == ["prompt"]
-                assert page.evaluate("localStorage.getItem('gemq.apiToken')") == TOKEN
-                page.click("#error-close")
-
-                page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
-
-                # Stop: confirm, then the state follows without a reload.
-                page.click("#stop-button")
-                page.wait_for_function(
-                    "document.querySelector('#run-state').textContent === 'stopped'",
-                    timeout=30_000)
-                assert [kind for kind, _ in dialogs] == ["prompt", "confirm"]  # token kept
-                assert RUN in dialogs[-1][1]
-                assert page.is_disabled("#stop-button")
-                page.wait_for_function(
-                    "document.querySelector("
-                    "'#run-list li[data-run-id=\"%s\"]')?.dataset.state === 'stopped'" % RUN,
-                    timeout=10_000)
-                assert page.is_hidden("#error-banner")
-                page.screenshot(path=str(ARTIFACTS / "dashboard-stopped.png"), full_page=True)
+                try:
+                    _watch_and_stop(page, api, api_url, errors)
+                except Exception:
+                    page.screenshot(path=str(ARTIFACTS / "dashboard-failure.png"), full_page=True)
+                    raise
             finally:
                 browser.close()
 
@@ -153,3 +102,62 @@ def test_dashboard_watches_and_stops_a_live_run(api_url: str) -> None:
         assert view["state"] == "stopped", view
         assert 0 < view["progress"]["updates"] < TINY["steps"]
         assert errors == []
+
+
+def _watch_and_stop(page: Page, api: httpx.Client, api_url: str, errors: list[str]) -> None:
+    dialogs: list[tuple[str, str]] = []
+    _answer_dialogs(page, dialogs)
+    page.goto(api_url + "/")
+    # The page picks the running run by itself and fills in over SSE.
+    page.wait_for_function("run => document.querySelector('#run-title').textContent === run",
+                           arg=RUN, timeout=15_000)
+    page.evaluate("window.gemqNoReload = true")  # gone if the page reloads
+    page.wait_for_function("Number(document.querySelector('#loss-chart').dataset.points) >= 5"
+                           " && document.querySelector('#loss-chart polyline') !== null",
+                           timeout=45_000)
+    page.wait_for_function(
+        "document.querySelectorAll("
+        "'#workers-table tbody tr[data-worker-id][data-active=true]').length === 2",
+        timeout=30_000)
+    assert page.locator("#energy-chart polyline").count() >= 1
+    assert page.locator("#energy-chart line.ref").count() == 1  # the compliance line at 1
+    page.wait_for_function("Number(document.querySelector('#rate-chart').dataset.points) >= 2"
+                           " && Number(document.querySelector('#pi-heatmap').dataset.columns)"
+                           " >= 2", timeout=15_000)
+    assert errors == []
+    assert page.locator("#pi-heatmap canvas").count() == 1
+    assert page.text_content("#run-state") == "running"
+    assert page.locator(f'#run-list li[data-run-id="{RUN}"]').count() == 1
+    assert page.get_attribute("#connection", "data-state") == "live"
+    ids = {w["worker_id"] for w in api.get(f"/api/runs/{RUN}").json()["workers"]}
+    shown = set(page.locator("#workers-table tbody tr[data-worker-id]")
+                .evaluate_all("rows => rows.map(r => r.dataset.workerId)"))
+    assert shown == ids and len(ids) == 2
+
+    # A bad start: the token is asked for (401), kept, and the 422's detail is shown.
+    page.fill("#f-lr", "-1")
+    page.click("#start-button")
+    page.wait_for_selector("#error-banner:not([hidden])", timeout=10_000)
+    assert "lr" in (page.text_content("#error-text") or "")
+    assert [kind for kind, _ in dialogs] == ["prompt"]
+    assert page.evaluate("localStorage.getItem('gemq.apiToken')") == TOKEN
+    page.click("#error-close")
+    page.fill("#f-lr", "0.05")
+
+    page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+
+    # Stop: confirm (the kept token goes with it), then the state follows without a reload.
+    page.click("#stop-button")
+    page.wait_for_function("document.querySelector('#run-state').textContent === 'stopped'",
+                           timeout=30_000)
+    assert [kind for kind, _ in dialogs] == ["prompt", "confirm"]
+    assert RUN in dialogs[-1][1]
+    assert page.is_disabled("#stop-button")
+    page.wait_for_function("document.querySelector('#job-state').textContent === 'finished'",
+                           timeout=30_000)
+    page.wait_for_function(
+        "run => document.querySelector(`#run-list li[data-run-id=\"${run}\"]`)"
+        "?.dataset.state === 'stopped'", arg=RUN, timeout=10_000)
+    assert page.evaluate("window.gemqNoReload") is True
+    assert page.is_hidden("#error-banner")
+    page.screenshot(path=str(ARTIFACTS / "dashboard-stopped.png"), full_page=True)

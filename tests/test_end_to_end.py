@@ -17,7 +17,7 @@ from gemq.embedded import EmbeddedRedis
 from gemq.models import PaperCNN
 from gemq.runs import create_run
 from gemq.store import FINISHED, RunStore
-from tests.helpers import GemqProcess, wait_for
+from tests.helpers import GemqProcess, assert_accounting_closes, sigkill_at, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -122,26 +122,14 @@ def test_training_survives_aggregator_sigkills(redis_server: EmbeddedRedis,
     workers = [GemqProcess("worker", "--run", "chaos", "--redis-url", url,
                            "--worker-id", f"w{i}") for i in range(3)]
     aggregator = GemqProcess(*agg_args)
-    kills = 0
     try:
-        for target in (100, 200, 300, 400, 500):
-            wait_for(lambda t=target: store.counters().get("applied", 0) >= t,
-                     timeout_s=120, what=f"{target} updates")
-            aggregator.send_signal(signal.SIGKILL)
-            aggregator.wait()
-            aggregator.stop()
-            kills += 1
-            aggregator = GemqProcess(*agg_args)
+        aggregator = sigkill_at(store, [100, 200, 300, 400, 500], aggregator, agg_args,
+                                timeout_s=120)
         assert aggregator.wait(180) == 0, aggregator.output()
         for w in workers:
             assert w.wait(30) == 0, w.output()
     finally:
         for p in (aggregator, *workers):
             p.stop()
-    counters = store.counters()
-    rejected = sum(v for k, v in counters.items() if k.startswith("rejected:"))
-    unused = counters.get("unused", 0) + store.unconsumed(store.head().last_id)
-    assert kills == 5
-    assert counters["applied"] == 600 == store.head().version
-    assert counters["published"] == counters["applied"] + rejected + unused
+    assert_accounting_closes(store, applied=600)
     assert store.state() == FINISHED

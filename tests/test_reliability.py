@@ -13,7 +13,15 @@ import redis
 
 from gemq.embedded import EmbeddedRedis
 from gemq.store import FINISHED, RunStore
-from tests.helpers import SMALL_LAYOUT, GemqProcess, gradient_message, small_run, wait_for
+from tests.helpers import (
+    SMALL_LAYOUT,
+    GemqProcess,
+    assert_accounting_closes,
+    gradient_message,
+    sigkill_at,
+    small_run,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -176,23 +184,13 @@ def _train(redis_url: str, client: redis.Redis, run_id: str, kills: int) -> floa
                            "--worker-id", f"{run_id}-w{i}") for i in range(2)]
     aggregator = GemqProcess(*agg_args)
     try:
-        for k in range(kills):
-            target = (k + 1) * budget // (kills + 2)
-            wait_for(lambda t=target: store.counters().get("applied", 0) >= t, timeout_s=60,
-                     what=f"{target} updates")
-            aggregator.send_signal(signal.SIGKILL)
-            aggregator.wait()
-            aggregator.stop()
-            aggregator = GemqProcess(*agg_args)
+        targets = [(k + 1) * budget // (kills + 2) for k in range(kills)]
+        aggregator = sigkill_at(store, targets, aggregator, agg_args)
         assert aggregator.wait(120) == 0, aggregator.output()
     finally:
         for process in (aggregator, *workers):
             process.stop()
-    counters = store.counters()
-    rejected = sum(v for k, v in counters.items() if k.startswith("rejected:"))
-    unused = counters.get("unused", 0) + store.unconsumed(store.head().last_id)
-    assert counters["applied"] == budget == store.head().version
-    assert counters["published"] == budget + rejected + unused
+    assert_accounting_closes(store, applied=budget)
     data = load_dataset("digits")
     model = build_model("mlp", data.in_features, data.num_classes)
     load_flat(model, store.latest()[1])
@@ -243,8 +241,4 @@ def test_standby_service_takes_over_when_the_job_pod_dies(redis_server: Embedded
     finally:
         for process in (*services, *workers):
             process.stop()
-    counters = store.counters()
-    rejected = sum(v for k, v in counters.items() if k.startswith("rejected:"))
-    unused = counters.get("unused", 0) + store.unconsumed(store.head().last_id)
-    assert counters["applied"] == 1500 == store.head().version
-    assert counters["published"] == counters["applied"] + rejected + unused
+    assert_accounting_closes(store, applied=1500)
