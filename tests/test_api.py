@@ -156,9 +156,23 @@ def test_run_lifecycle_through_rq(redis_server: EmbeddedRedis, api: Service) -> 
             wait_for(lambda: c.get("/api/runs/next").json()["state"] == "finished",
                      timeout_s=120, what="second run")
             assert [r["run_id"] for r in c.get("/api/runs").json()["runs"]] == ["next", "life"]
+            last_id = c.get("/api/runs/next/metrics").json()["last_id"]
+            assert first_event(c, "/api/runs/next/events") == "metrics"
+            assert first_event(c, f"/api/runs/next/events?after={last_id}") == "run"
+            assert first_event(c, "/api/runs/next/events",
+                               headers={"Last-Event-ID": last_id}) == "run"
     finally:
         aggregator.stop()
         worker.stop()
+
+
+def first_event(client: httpx.Client, path: str, **kwargs: object) -> str:
+    """The name of the first Server-Sent Event on ``path``."""
+    with client.stream("GET", path, **kwargs) as response:  # type: ignore[arg-type]
+        for line in response.iter_lines():
+            if line.startswith("event: "):
+                return line.removeprefix("event: ")
+    raise AssertionError("the stream ended without an event")
 
 
 def test_without_a_token_only_loopback(redis_server: EmbeddedRedis) -> None:

@@ -357,7 +357,9 @@
   function connectStream() {
     closeStream();
     const gen = state.gen;
-    const es = new EventSource(`${API}/runs/${encodeURIComponent(state.selected)}/events`);
+    // Resume after the newest row we hold (a reconnecting EventSource also sends Last-Event-ID).
+    const after = state.lastId ? `?after=${encodeURIComponent(state.lastId)}` : "";
+    const es = new EventSource(`${API}/runs/${encodeURIComponent(state.selected)}/events${after}`);
     state.es = es;
     setConnection("connecting", "connecting…");
     es.addEventListener("open", () => {

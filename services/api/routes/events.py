@@ -7,7 +7,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
@@ -16,12 +16,14 @@ from services.api import views
 from services.api.deps import Reader, Store
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
+STREAM_ID = r"^\d+-\d+$"
 #: Seconds between two pushes.
 PERIOD_S = 1.0
 
 
-def _event(name: str, data: Any) -> str:
-    return f"event: {name}\ndata: {json.dumps(data)}\n\n"
+def _event(name: str, data: Any, event_id: str | None = None) -> str:
+    head = f"id: {event_id}\n" if event_id else ""
+    return f"{head}event: {name}\ndata: {json.dumps(data)}\n\n"
 
 
 def _poll(store: RunStore, after: str) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
@@ -29,19 +31,22 @@ def _poll(store: RunStore, after: str) -> tuple[str, list[dict[str, Any]], dict[
     return (rows[-1]["id"] if rows else after), rows, views.run_view(store)
 
 
-async def _feed(request: Request, store: RunStore) -> AsyncIterator[str]:
-    after = "0-0"
+async def _feed(request: Request, store: RunStore, after: str) -> AsyncIterator[str]:
     while not await request.is_disconnected():
         after, rows, view = await run_in_threadpool(_poll, store, after)
-        if rows:
-            yield _event("metrics", {"rows": rows})
+        if rows:  # the id lets a reconnecting EventSource resume (Last-Event-ID)
+            yield _event("metrics", {"rows": rows}, event_id=after)
         yield _event("run", view)
         await asyncio.sleep(PERIOD_S)
 
 
 @router.get("/{run_id}/events", dependencies=[Reader],
             responses={200: {"content": {"text/event-stream": {}}}})
-def events(request: Request, store: Store) -> StreamingResponse:
-    """Live feed: `metrics` events with new rows, `run` events with the run view."""
-    return StreamingResponse(_feed(request, store), media_type="text/event-stream",
+def events(request: Request, store: Store,
+           after: str = Query("0-0", pattern=STREAM_ID),
+           last_event_id: str | None = Header(None, pattern=STREAM_ID)) -> StreamingResponse:
+    """Live feed: `metrics` events with rows newer than `after` (or the Last-Event-ID a
+    reconnecting client sends), `run` events with the run view."""
+    start = last_event_id or after
+    return StreamingResponse(_feed(request, store, start), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
