@@ -69,7 +69,8 @@ class Rule:
     def apply(self, theta: np.ndarray, gradient: np.ndarray, drift: np.ndarray,
               worker_id: str, staleness: int) -> UpdateStats:
         """Update ``theta`` in place with one worker's gradient; report what happened."""
-        delta = np.multiply(gradient, -self.lr, out=self._delta)
+        # dtype: a float16 wire payload must not drag the arithmetic down to float16 (slow)
+        delta = np.multiply(gradient, -self.lr, out=self._delta, dtype=np.float32)
         moment = self._moment(worker_id)
         moment *= self.momentum
         moment += delta

@@ -1,30 +1,26 @@
 """Server-side Lua scripts: the places where atomicity is the point.
 
-Both aggregator scripts start with the fencing check: the caller's token must still be the
-value of the run's lease. A leader that was paused past its lease and wakes up finds another
-token there, and its read or commit fails with FENCED before it touches anything.
+Both aggregator scripts start with the fencing check: the run's lease must hold the caller's
+token. A leader that was paused past its lease and wakes up to find another token there
+fails with FENCED before it touches anything. A lease that merely lapsed (a slow batch) and
+that nobody took is taken back: nobody else can have written meanwhile, and the commit's
+compare-and-set on the head catches the case where somebody did and left again.
 """
 
 FENCE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then
   return redis.error_reply('FENCED this aggregator no longer holds the lease')
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 """
 
-#: KEYS: lease, gradients, status.  ARGV: token, lease_ms, group, consumer, count.
-#: Returns {stop_requested or nil, XREADGROUP reply or nil}. Entries delivered earlier but
-#: never acknowledged come first (a previous leader's batch, or one whose reply was lost on
-#: the way back to us); only when there are none does it read new entries.
-FENCED_READ = FENCE + """
-local stop = redis.call('HGET', KEYS[3], 'stop_requested')
-local function read(start)
-  return redis.call('XREADGROUP', 'GROUP', ARGV[3], ARGV[4], 'COUNT', ARGV[5],
-                    'STREAMS', KEYS[2], start)
-end
-local reply = read('0')
-if not reply or #reply[1][2] == 0 then reply = read('>') end
-return {stop, reply}
+#: KEYS: lease, status.  ARGV: token, lease_ms.  Renews the lease; returns stop_requested.
+#: The batch itself is read outside the script, in the same pipeline: a script would copy
+#: every message into Lua and back. Reading needs no fence: a stale leader's read only moves
+#: entries into the group's pending list, which the leader reads before anything new.
+RENEW = FENCE + """
+return redis.call('HGET', KEYS[2], 'stop_requested')
 """
 
 #: KEYS: lease, head, versions, gradients, metrics, counters, workers, status, new params,

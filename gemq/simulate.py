@@ -81,7 +81,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     """Run one simulation; print its summary; write the curves to ``--out``."""
     from gemq.data import load_dataset
     from gemq.runs import budget_for
-    from gemq.simulator import SimOptions, check_output_path, simulate, write_result
+    from gemq.simresults import check_output_path, write_result
+    from gemq.simulator import SimOptions, simulate
 
     if args.out is not None:
         check_output_path(args.out)  # before the work, not after it

@@ -21,14 +21,11 @@ parameter each; 1,000 workers on the paper CNN: about 1.3 GB).
 from __future__ import annotations
 
 import contextlib
-import csv
-import json
 import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -44,15 +41,14 @@ from gemq.evaluate import evaluate
 from gemq.layout import ParamLayout
 from gemq.models import build_model, layout_of
 from gemq.rules import DCASGD_LAMBDA, UpdateStats, make_rule, median_sample
+from gemq.simresults import SimResult
 from gemq.staleness import Schedule, StalenessModel
 
-#: One row of the recorded curves: these keys, in this order (the CSV header).
-CURVE_FIELDS = ("updates", "gradients", "worker_steps", "epochs", "time", "train_loss",
-                "test_loss", "test_accuracy", "batch_loss", "median_pi", "mean_pi", "energy_ratio",
-                "staleness_mean", "staleness_min", "staleness_max", "rejected")
 MAX_WORKERS = 100_000
 #: Curve points per run when ``eval_every`` is not given.
 DEFAULT_POINTS = 20
+#: A final loss above this share of its start means the run learned next to nothing.
+STALLED = 0.9
 #: Evaluation batch: one thread runs the CNN ~10% faster on 500 samples than on 1,000.
 EVAL_BATCH = 500
 
@@ -65,7 +61,7 @@ class SimOptions:
     eval_every: int = 0
     #: Samples of the fixed training subset (loss) and of the test set (accuracy) per point.
     eval_samples: int = 1000
-    #: Per-tensor median pi is recorded every this many updates; 0 means with the curve.
+    #: Per-tensor median and mean pi are recorded every this many updates; 0: with the curve.
     pi_every: int = 0
     dcasgd_lambda: float = DCASGD_LAMBDA
     #: Run the momentum-SGD proxy itself (one synchronous worker) instead of ``algo``.
@@ -82,55 +78,6 @@ class SimOptions:
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "staleness": self.staleness.as_dict()}
-
-
-@dataclass
-class SimResult:
-    config: RunConfig
-    options: SimOptions
-    curve: list[dict[str, float]]
-    tensors: list[str]
-    #: Every ``pi_every`` updates: the median and mean pi of each tensor, and the shares of
-    #: elements whose pi is 0 and at pi_max (for the per-tensor heat map).
-    pi_tensors: list[dict[str, Any]]
-    summary: dict[str, Any]
-    theta: np.ndarray
-
-    def to_dict(self) -> dict[str, Any]:
-        return _finite_or_none({
-            "config": asdict(self.config), "simulation": self.options.as_dict(),
-            "summary": self.summary, "curve": self.curve, "tensors": self.tensors,
-            "pi_tensors": self.pi_tensors})
-
-
-def _finite_or_none(value: Any) -> Any:
-    """NaN and infinities become null: strict JSON has no spelling for them."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite_or_none(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite_or_none(v) for v in value]
-    return value
-
-
-def check_output_path(path: Path) -> None:
-    if path.suffix.lower() not in (".json", ".csv"):
-        raise ConfigError("--out", f"must end in .json or .csv, got {str(path)!r}")
-
-
-def write_result(result: SimResult, path: Path) -> Path:
-    """The whole result as JSON, or the curve alone as CSV (chosen by the suffix)."""
-    check_output_path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix.lower() == ".json":
-        path.write_text(json.dumps(result.to_dict(), indent=1) + "\n")
-        return path
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CURVE_FIELDS, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(result.curve)
-    return path
 
 
 class Updater(Protocol):
@@ -278,6 +225,7 @@ def _head(dataset: Dataset, count: int) -> Dataset:
         return TensorDataset(*(t[:count] for t in dataset.tensors))
     return Subset(dataset, range(min(count, size)))
 
+
 ProgressHook = Callable[[int, dict[str, float]], None]  # (updates since last call, new row)
 
 
@@ -310,7 +258,7 @@ class Simulator:
         self.window, self.total = Window(), Window()
         self.curve: list[dict[str, float]] = []
         self.pi_tensors: list[dict[str, Any]] = []
-        self.eval_s = 0.0
+        self.eval_s = self.eval_cpu_s = 0.0
         self._in_net: int | None = None  # the version whose snapshot the net holds
         self.eval_train = _head(self.data.train, options.eval_samples)
         self.eval_test = _head(self.data.test, options.eval_samples)
@@ -361,7 +309,7 @@ class Simulator:
 
     def record(self) -> dict[str, float]:
         """Evaluate theta and close the current window: one curve point."""
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         np.copyto(self.net.values, self.theta)
         self._in_net = None
         train_loss, _ = evaluate(self.net.model, self.eval_train, EVAL_BATCH)
@@ -374,6 +322,7 @@ class Simulator:
         self.curve.append(row)
         self.window = Window()
         self.eval_s += time.perf_counter() - started
+        self.eval_cpu_s += time.process_time() - cpu
         return row
 
     def record_pi(self) -> None:
@@ -386,7 +335,8 @@ class Simulator:
             "clip_fraction": float(np.count_nonzero(scale >= self.config.pi_max)) / scale.size})
 
     def run(self, on_updates: ProgressHook | None = None) -> SimResult:
-        started, budget, reported = time.perf_counter(), self.config.budget_updates, 0
+        started, cpu = time.perf_counter(), time.process_time()
+        budget, reported = self.config.budget_updates, 0
         self.record()
         while self.updates < budget:
             if not self.step():
@@ -404,7 +354,8 @@ class Simulator:
                 break  # diverged: theta is NaN or infinite from here on
         return SimResult(self.config, self.options, self.curve,
                          [t.name for t in self.layout.tensors], self.pi_tensors,
-                         self._summary(time.perf_counter() - started), self.theta)
+                         self._summary(time.perf_counter() - started,
+                                       time.process_time() - cpu), self.theta)
 
     def _check_rejections(self) -> None:
         if self.rejected > self.config.budget_updates:
@@ -412,22 +363,26 @@ class Simulator:
                             f"{self.config.max_staleness} updates stale, more than the budget "
                             f"of {self.config.budget_updates} updates; raise --max-staleness")
 
-    def _summary(self, wall_s: float) -> dict[str, Any]:
+    def _summary(self, wall_s: float, cpu_s: float) -> dict[str, Any]:
         first, last, total = self.curve[0], self.curve[-1], self.total.row()
         final = last["train_loss"]
-        compute_s = wall_s - self.eval_s
+        # Evaluation excluded: the rates are the cost of the simulated training itself. CPU
+        # time is also reported because it hardly depends on what else the machine runs.
+        compute_s, compute_cpu_s = wall_s - self.eval_s, cpu_s - self.eval_cpu_s
         return {
             "algo": "proxy" if self.options.reference else self.config.algo,
             "workers": self.workers, "parameters": self.layout.size,
             "updates": self.updates, "gradients": self.gradients, "rejected": self.rejected,
             "initial_train_loss": first["train_loss"], "train_loss": final,
             "test_loss": last["test_loss"], "test_accuracy": last["test_accuracy"],
-            "diverged": _diverged(self.curve),
+            "diverged": diverged(self.curve), "stalled": stalled(self.curve),
+            "peak_loss_ratio": peak_ratio(self.curve),
             "staleness_mean": total["staleness_mean"], "staleness_max": total["staleness_max"],
             "energy_ratio": total["energy_ratio"], "median_pi": total["median_pi"],
             "mean_pi": total["mean_pi"], **self._pi_shares(),
             "snapshots_peak": self.versions.peak, "wall_s": wall_s, "eval_s": self.eval_s,
-            "gradients_per_s": self.gradients / compute_s if compute_s > 0 else math.nan,
+            "gradients_per_s": _rate(self.gradients, compute_s),
+            "gradients_per_cpu_s": _rate(self.gradients, compute_cpu_s),
         }
 
     def _pi_shares(self) -> dict[str, float]:
@@ -437,14 +392,30 @@ class Simulator:
                 "pi_clip_fraction": _mean_of(rows, "clip_fraction")}
 
 
+def _rate(count: int, seconds: float) -> float:
+    return count / seconds if seconds > 0 else math.nan
+
+
 def _mean_of(rows: list[dict[str, Any]], name: str) -> float:
     return float(np.mean([r[name] for r in rows])) if rows else math.nan
 
 
-def _diverged(curve: list[dict[str, float]]) -> bool:
-    """NaN or infinite, or above its starting value, at any point of the curve."""
-    start = curve[0]["train_loss"]
-    return any(not math.isfinite(r["train_loss"]) or r["train_loss"] > start for r in curve)
+def diverged(curve: list[dict[str, float]]) -> bool:
+    """NaN or infinite at any point, or a final loss above the starting one."""
+    start, losses = curve[0]["train_loss"], [r["train_loss"] for r in curve]
+    return not all(math.isfinite(v) for v in losses) or losses[-1] > start
+
+
+def peak_ratio(curve: list[dict[str, float]]) -> float:
+    """The highest loss on the way over the starting one: transient blow-ups show here."""
+    start, losses = curve[0]["train_loss"], [r["train_loss"] for r in curve]
+    return max(losses) / start
+
+
+def stalled(curve: list[dict[str, float]]) -> bool:
+    """Learned (next to) nothing: the final loss is still above STALLED of the start."""
+    start, final = curve[0]["train_loss"], curve[-1]["train_loss"]
+    return not math.isfinite(final) or final > STALLED * start
 
 
 def _check_feasible(config: RunConfig, staleness: StalenessModel, workers: int) -> None:

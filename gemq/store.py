@@ -78,7 +78,7 @@ class RunStore:
         # works with bytes replies, so its internal calls go through an untyped alias.
         self._r: Any = client
         self.keys = RunKeys(run_id)
-        self._read = client.register_script(scripts.FENCED_READ)
+        self._renew = client.register_script(scripts.RENEW)
         self._commit = client.register_script(scripts.COMMIT)
         self._release = client.register_script(scripts.RELEASE)
 
@@ -216,19 +216,23 @@ class RunStore:
 
     def fenced_read(self, token: str, lease_ms: int,
                     count: int) -> tuple[bool, list[tuple[str, Fields | None]]]:
-        """Read a batch through the consumer group, if we still hold the lease.
+        """Renew the lease and read a batch, in one round trip.
 
-        Unacknowledged entries (a previous leader's batch) come before new ones. Returns
-        (stop requested, [(id, fields)]); fields are None for an entry deleted while pending.
+        Entries delivered earlier but never acknowledged (a previous leader's batch, or one
+        whose reply was lost) come before new ones. Returns (stop requested, [(id, fields)]);
+        fields are None for an entry deleted while pending.
         """
         k = self.keys
-        try:
-            stop, reply = self._read(
-                keys=[k.lease, k.gradients, k.status],
-                args=[token, lease_ms, AGGREGATOR_GROUP, AGGREGATOR_CONSUMER, count])
-        except redis.ResponseError as e:
-            raise _fenced_or(e) from e
-        return stop is not None, _entries(reply)
+        pipe = self._r.pipeline(transaction=False)
+        self._renew(keys=[k.lease, k.status], args=[token, lease_ms], client=pipe)
+        for start in ("0", ">"):
+            pipe.xreadgroup(AGGREGATOR_GROUP, AGGREGATOR_CONSUMER, {k.gradients: start},
+                            count=count)
+        stop, pending, new = pipe.execute(raise_on_error=False)
+        for reply in (stop, pending, new):
+            if isinstance(reply, Exception):
+                raise _fenced_or(reply) if isinstance(reply, redis.ResponseError) else reply
+        return stop is not None, _entries(pending) + _entries(new)
 
     def wait_for_gradients(self, after_id: str, timeout_ms: int) -> None:
         """Block until the stream has an entry newer than ``after_id`` (or the timeout)."""
@@ -291,14 +295,12 @@ def _flatten(mapping: dict[str, Any]) -> list[str]:
 
 
 def _entries(reply: Any) -> list[tuple[str, Fields | None]]:
-    """Parse a raw XREADGROUP reply (scripts return it unparsed)."""
+    """The entries of an XREADGROUP reply over one stream."""
     if not reply:
         return []
     (_stream, rows), = reply
-    return [(entry_id.decode(),
-             dict(zip(fields[::2], fields[1::2], strict=True)) if fields else None)
-            for entry_id, fields in rows]
+    return [(entry_id.decode(), fields or None) for entry_id, fields in rows]
 
 
-def _fenced_or(error: redis.ResponseError) -> Exception:
+def _fenced_or(error: Exception) -> Exception:
     return FencedError(str(error)) if str(error).startswith("FENCED") else error

@@ -1,0 +1,56 @@
+"""Smoke test of the performance suite: every benchmark runs on a tiny budget (--quick)
+and writes well-formed JSON. No figure is judged here: benchmarks are never timed tests."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Headline sections and the keys --quick must fill in each.
+EXPECTED = {
+    "transport_ratio": ["cnn"],
+    "transport_ratio_fp16": ["cnn"],
+    "wire_fp16_speedup": ["cnn"],
+    "publication_potential": ["cnn"],
+    "compute_ratio": ["n2"],
+    "speedup_over_sgd": ["n2"],
+    "speedup_over_reference": ["n2"],
+    "update_rate_over_reference": ["n2"],
+    "wire_fp16": ["n2"],
+    "scale": ["redis_memory_late_over_early", "redis_memory_over_backpressure_bound",
+              "total_rss_over_8gb", "aggregator_growth_over_worker_moments"],
+}
+
+
+def _numbers(tree: object) -> list[object]:
+    if isinstance(tree, dict):
+        return [n for value in tree.values() for n in _numbers(value)]
+    return [tree]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_quick_suite_writes_well_formed_ratios(tmp_path: Path) -> None:
+    out = tmp_path / "perf.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.perf", "--quick", "--json",
+                           str(out)], cwd=ROOT, capture_output=True, text=True, timeout=580)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["quick"] is True
+    assert result["machine"]["cpu_count"] >= 1
+    assert len(result["machine"]["load_average_at_start"]) == 3
+    for section, keys in EXPECTED.items():
+        assert set(keys) <= set(result[section]), (section, result[section])
+        for key in keys:
+            values = _numbers(result[section][key])
+            assert all(isinstance(v, int | float) and math.isfinite(v) for v in values), (
+                section, key, values)
+    ratios = _numbers({k: result[k] for k in EXPECTED if k != "wire_fp16"})
+    assert all(v > 0 for v in ratios), ratios  # type: ignore[operator]
+    assert "ratio" in proc.stdout and "transport_ratio.cnn" in proc.stdout
