@@ -113,7 +113,7 @@ def test_non_numeric_batch_size(capsys: pytest.CaptureFixture[str]) -> None:
 def test_unknown_algorithm() -> None:
     line = assert_one_error(gemq("run", "--algo", "nope"), cli.EXIT_USAGE)
     assert line == ("gemq run: error: argument --algo: invalid choice: 'nope' (choose from "
-                    "'gem', 'downpour', 'adaptive') (see gemq run --help)")
+                    "'gem', 'downpour', 'adaptive', 'dcasgd') (see gemq run --help)")
 
 
 def test_steps_and_epochs_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
@@ -134,7 +134,7 @@ def test_bad_env_choice(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv("GEMQ_ALGO", "nope")
     line = assert_one_error(in_process(capsys, "status"), cli.EXIT_USAGE)
     assert line == ("gemq: error: GEMQ_ALGO: must be one of gem, downpour, adaptive, "
-                    "got 'nope'")
+                    "dcasgd, got 'nope'")
 
 
 def test_unknown_dataset() -> None:

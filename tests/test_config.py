@@ -116,8 +116,8 @@ def test_range_messages() -> None:
         RunConfig("r1", lr=math.nan)
     with pytest.raises(ConfigError, match=r"^momentum: must be in \[0, 1\), got 1$"):
         RunConfig("r1", momentum=1.0)
-    with pytest.raises(ConfigError, match=r"^algo: must be one of gem, downpour, adaptive; "
-                                          r"got 'nope'$"):
+    with pytest.raises(ConfigError, match=r"^algo: must be one of gem, downpour, adaptive, "
+                                          r"dcasgd; got 'nope'$"):
         RunConfig("r1", algo="nope")
 
 
