@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gemq.config import ALGORITHMS, WIRE_DTYPES, RunConfig
+from gemq.config import ALGORITHMS, PROXIES, WIRE_DTYPES, RunConfig
 from gemq.errors import ConfigError, GemqError
 from gemq.settings import apply_env_defaults
 
@@ -50,6 +50,12 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", dest="run_id", default=None, help="the run id (required)")
 
 
+def _add_proxy(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--proxy", choices=PROXIES, default="local",
+                        help="GEM's proxy: each worker's own moment (local, the paper) or one "
+                             "moment of all updates (global)")
+
+
 def _add_training(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training")
     group.add_argument("--algo", choices=ALGORITHMS, default="gem")
@@ -84,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="train locally: Redis, aggregator and workers")
     _add_training(run)
+    _add_proxy(run)
     _add_redis(run, required=False)
     run.add_argument("--workers", type=_positive_int, default=4, help="logical workers")
     run.add_argument("--worker-processes", type=int, default=0,
@@ -95,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     create = commands.add_parser("create", help="create a run in Redis for remote workers")
     _add_training(create)
+    _add_proxy(create)
     _add_redis(create, required=True)
 
     aggregator = commands.add_parser("aggregator", help="aggregate one run (numpy only)")
@@ -169,7 +177,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     return {"algo": args.algo, "lr": args.lr, "momentum": args.momentum, "kappa": args.kappa,
             "pi_max": args.pi_max, "batch_size": args.batch_size, "model": args.model,
             "dataset": args.dataset, "seed": args.seed, "max_staleness": args.max_staleness,
-            "max_pending": args.max_pending, "wire_dtype": args.wire_dtype}
+            "max_pending": args.max_pending, "wire_dtype": args.wire_dtype,
+            "proxy": args.proxy}
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

@@ -151,7 +151,7 @@ def _check_values(gradient: np.ndarray) -> None:
     if gradient.size == 0:
         return
     low, high = float(gradient.min()), float(gradient.max())
-    if -MAX_ABS_GRADIENT <= low and high <= MAX_ABS_GRADIENT:
+    if low >= -MAX_ABS_GRADIENT and high <= MAX_ABS_GRADIENT:
         return
     if not np.isfinite(gradient).all():
         raise CodecError(NON_FINITE, "gradient holds NaN or Inf")

@@ -13,7 +13,8 @@ class RunRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     run_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    algo: Literal["gem", "downpour", "adaptive"] = "gem"
+    algo: Literal["gem", "downpour", "adaptive", "dcasgd"] = "gem"
+    proxy: Literal["local", "global"] = "local"
     lr: float = Field(0.05, gt=0, le=10)
     momentum: float = Field(0.9, ge=0, lt=1)
     kappa: float = Field(1.0, gt=0, le=100)
