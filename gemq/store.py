@@ -230,6 +230,8 @@ class RunStore:
                             count=count)
         stop, pending, new = pipe.execute(raise_on_error=False)
         for reply in (stop, pending, new):
+            if isinstance(reply, redis.ResponseError) and str(reply).startswith("NOGROUP"):
+                raise RunNotFound(f"run {self.run_id!r}: its gradient stream is gone")
             if isinstance(reply, Exception):
                 raise _fenced_or(reply) if isinstance(reply, redis.ResponseError) else reply
         return stop is not None, _entries(pending) + _entries(new)
