@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 from gemq.config import ALGORITHMS, PROXIES, WIRE_DTYPES, RunConfig
 from gemq.errors import ConfigError, GemqError
 from gemq.settings import apply_env_defaults
+from gemq.simulate import add_simulate_parser, cmd_simulate
 
 EXIT_USAGE = 2
 
@@ -132,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(status)
     _add_redis(status, required=True)
 
+    apply_env_defaults(add_simulate_parser(commands), os.environ)
     for each in (parser, run, create, aggregator, worker, status, serve):
         apply_env_defaults(each, os.environ)
     return parser
@@ -310,4 +312,5 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"run": _cmd_run, "create": _cmd_create, "aggregator": _cmd_aggregator,
-            "worker": _cmd_worker, "status": _cmd_status, "serve": _cmd_serve}
+            "worker": _cmd_worker, "status": _cmd_status, "serve": _cmd_serve,
+            "simulate": cmd_simulate}

@@ -1,0 +1,1 @@
+"""Reproducible experiments and measurements (not part of the installed package)."""
