@@ -179,7 +179,8 @@ def test_stream_is_trimmed_and_history_bounded(redis_client: redis.Redis) -> Non
     store = small_run(redis_client, budget_updates=200, history=5, read_batch=4)
     g = np.full(SMALL_LAYOUT.size, 0.01, np.float32)
     thread, _, _ = run_in_thread(store)
-    for _ in range(200):
+    for _ in range(200):  # paced like a worker: gradients older than 5 versions are stale
+        wait_for(lambda: redis_client.xlen(store.keys.gradients) < 4, what="backpressure")
         store.publish_gradient("w1", gradient_message(store, "w1", g))
     thread.join(30)
     assert store.counters()["applied"] == 200

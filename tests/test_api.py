@@ -91,6 +91,15 @@ def test_invalid_configs_are_422_naming_the_field(api: Service, body: dict[str, 
         locations
 
 
+def test_out_of_range_stream_ids_are_422(api: Service) -> None:
+    with api.client() as c:
+        assert c.post("/api/runs", json={"run_id": "ids", "start": False, **TINY}
+                      ).status_code == 201
+        huge = "0955-2250348264365909204715086667"  # found by schemathesis: once a 500
+        assert c.get("/api/runs/ids/metrics", params={"after": huge}).status_code == 422
+        assert c.get("/api/runs/ids/metrics", params={"after": "1-0"}).status_code == 200
+
+
 def test_import_specs_are_off_by_default(api: Service) -> None:
     with api.client() as c:
         response = c.post("/api/runs", json={"model": "os:getcwd"})

@@ -14,6 +14,8 @@ from gemq.store import RunStore
 from services.settings import ApiSettings
 
 _bearer = HTTPBearer(auto_error=False)
+#: A Redis stream id whose two parts fit Redis' unsigned 64-bit integers (19 digits do).
+STREAM_ID = r"^\d{1,19}-\d{1,19}$"
 
 
 def get_settings(request: Request) -> ApiSettings:

@@ -13,10 +13,9 @@ from fastapi.responses import StreamingResponse
 
 from gemq.store import RunStore
 from services.api import views
-from services.api.deps import Reader, Store
+from services.api.deps import STREAM_ID, Reader, Store
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
-STREAM_ID = r"^\d+-\d+$"
 #: Seconds between two pushes.
 PERIOD_S = 1.0
 

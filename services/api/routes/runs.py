@@ -17,7 +17,7 @@ from gemq.runs import budget_for, create_run, new_run_id
 from gemq.specs import is_import_spec
 from gemq.store import CREATED, ENDED, RunStore
 from services.api import views
-from services.api.deps import AUTH_ERRORS, Reader, RedisClient, Settings, Store, Writer
+from services.api.deps import AUTH_ERRORS, STREAM_ID, Reader, RedisClient, Settings, Store, Writer
 from services.api.schemas import RunRequest
 from services.jobs import enqueue_aggregation
 
@@ -109,7 +109,7 @@ def stop(store: Store) -> dict[str, Any]:
 
 
 @router.get("/{run_id}/metrics", dependencies=[Reader], responses=NOT_FOUND)
-def metrics(store: Store, after: str = Query("0-0", pattern=r"^\d+-\d+$"),
+def metrics(store: Store, after: str = Query("0-0", pattern=STREAM_ID),
             limit: int = Query(1000, ge=1, le=10_000)) -> dict[str, Any]:
     """Metrics rows newer than the stream id ``after``, oldest first."""
     rows = [views.metrics_row(i, row) for i, row in store.metrics_since(after, limit)]
