@@ -27,7 +27,7 @@ def run_in_thread(store: RunStore, options: AggregatorOptions = FAST
     result: list[str] = []
     shutdown = threading.Event()
     thread = threading.Thread(target=lambda: result.append(Aggregator(store, options)
-                                                           .run(shutdown)))
+                                                           .run(shutdown)), daemon=True)
     thread.start()
     return thread, shutdown, result
 

@@ -32,7 +32,7 @@ def start_workers(store: RunStore, ids: list[str]) -> tuple[threading.Thread,
     shutdown = threading.Event()
     result: dict[str, int] = {}
     thread = threading.Thread(target=lambda: result.update(
-        run_workers(store, ids, WorkerOptions(heartbeat_s=0.1), shutdown)))
+        run_workers(store, ids, WorkerOptions(heartbeat_s=0.1), shutdown)), daemon=True)
     thread.start()
     return thread, shutdown, result
 
@@ -70,7 +70,7 @@ def test_threads_in_one_process_train_together(redis_client: redis.Redis) -> Non
     store = tiny_run(redis_client, budget_updates=300)
     agg_shutdown = threading.Event()
     agg = threading.Thread(target=lambda: Aggregator(store, AggregatorOptions(lease_ms=2000))
-                           .run(agg_shutdown))
+                           .run(agg_shutdown), daemon=True)
     agg.start()
     thread, _, result = start_workers(store, [f"t{i}" for i in range(6)])
     thread.join(120)
