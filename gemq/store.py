@@ -133,13 +133,14 @@ class RunStore:
         raw = self._r.get(self.keys.params(version))
         return None if raw is None else np.frombuffer(raw, dtype="<f4")
 
-    def latest(self) -> tuple[int, np.ndarray]:
-        """The newest (version, parameters) pair."""
+    def latest(self, version: int | None = None) -> tuple[int, np.ndarray]:
+        """The newest (version, parameters) pair; ``version``: a head the caller just read."""
         while True:
-            version = self.head().version
+            version = self.head().version if version is None else version
             params = self.snapshot(version)
-            if params is not None:  # else it was superseded and dropped between the reads
+            if params is not None:
                 return version, params
+            version = None  # superseded and dropped since the head was read: read it again
 
     def kept_versions(self) -> list[int]:
         return [int(v) for v in self._r.zrange(self.keys.versions, 0, -1)]

@@ -99,7 +99,7 @@ class Worker:
             self._wait(shutdown)
             return True
         if view.version != self.version:
-            self.version, params = self.store.latest()
+            self.version, params = self.store.latest(view.version)  # one GET, not three
             load_flat(self.model, params)
         loss, gradient = self._gradient(self.batches)
         message = codec.encode(
