@@ -33,7 +33,9 @@ RUN groupadd --system --gid 10001 gemq \
             --shell /usr/sbin/nologin gemq
 COPY --from=build /opt/venv /opt/venv
 # Settings are GEMQ_* variables given at run time (k8s/base/config/aggregator.env).
-ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+# numba caches the compiled update loop here: /opt/venv is read-only at run time.
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
+    NUMBA_CACHE_DIR=/tmp/numba
 WORKDIR /tmp
 USER 10001:10001
 # SIGTERM: rq's warm shutdown (an idle service exits at once; see k8s/base/aggregator.yaml).

@@ -39,7 +39,7 @@ COPY --from=build /app /app
 # GEMQ_API_TOKEN the API listens on 127.0.0.1 only, so `docker run` needs
 # -e GEMQ_API_TOKEN=... -e GEMQ_HOST=0.0.0.0 to be reachable (docker/README.md).
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
-    MPLCONFIGDIR=/tmp/matplotlib
+    MPLCONFIGDIR=/tmp/matplotlib NUMBA_CACHE_DIR=/tmp/numba
 WORKDIR /tmp
 USER 10001:10001
 EXPOSE 8000

@@ -39,7 +39,7 @@ COPY --from=build /opt/venv /opt/venv
 # gemq reads is baked in here. /tmp is the one writable place (an emptyDir on Kubernetes,
 # which also mounts the root filesystem read-only).
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
-    MPLCONFIGDIR=/tmp/matplotlib
+    MPLCONFIGDIR=/tmp/matplotlib NUMBA_CACHE_DIR=/tmp/numba
 WORKDIR /tmp
 USER 10001:10001
 # SIGTERM: finish (publish) or abandon the current gradient, then exit 0.

@@ -13,12 +13,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import socket
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import overload
 
 import numpy as np
 
@@ -28,14 +30,27 @@ from gemq.connection import TRANSIENT_ERRORS, Backoff, connect
 from gemq.errors import CodecError, FencedError, RunLost, RunNotFound
 from gemq.keys import is_valid_worker_id
 from gemq.layout import ParamLayout
-from gemq.process import graceful_shutdown, setup_logging
-from gemq.rules import Rule, make_rule, median_sample
+from gemq.process import graceful_shutdown, keep_freed_memory, setup_logging
+from gemq.rules import TENSOR_MEDIAN_SAMPLE, Rule, make_rule, median_sample
 from gemq.snapshots import SnapshotHistory
-from gemq.store import ENDED, FINISHED, STOPPED, CommitPlan, RunStore, now_ms
+from gemq.store import (
+    ENDED,
+    FINISHED,
+    STOPPED,
+    BatchRead,
+    CommitPlan,
+    ReadRequest,
+    RunStore,
+    now_ms,
+)
 
 log = logging.getLogger(__name__)
 
 UNKNOWN_WORKER = "unknown"
+#: Metrics rows carry the per-tensor median pi (the dashboard's heat map) this often.
+PI_TENSORS_EVERY_S = 0.2
+#: Entries one commit acknowledges at most, whatever the publication policy.
+MAX_WINDOW_ENTRIES = 4096
 
 
 @dataclass(frozen=True)
@@ -89,22 +104,32 @@ class BatchTally:
         incr["staleness_sum"] = incr.get("staleness_sum", 0) + staleness
 
     def metrics(self, updates: int, active_workers: int,
-                pi_tensors: list[float]) -> dict[str, object]:
+                pi_tensors: list[float] | None) -> dict[str, object]:
         n = max(self.applied, 1)
         ratio = self.e_central / self.e_proxy if self.e_proxy > 0 else float("nan")
-        return {
+        row: dict[str, object] = {
             "t_ms": now_ms(), "updates": updates, "applied": self.applied,
             "rejected": sum(v for k, v in self.counters.items() if k.startswith("rejected:")),
             "loss": f"{self.loss_sum / max(self.samples, 1):.6g}",
             "energy_ratio": f"{ratio:.6g}", "median_pi": f"{self.median_pi_sum / n:.6g}",
             "staleness_mean": f"{self.staleness_sum / n:.4g}",
             "staleness_max": self.staleness_max, "active_workers": active_workers,
-            "pi_tensors": json.dumps([round(p, 5) for p in pi_tensors]),
         }
+        if pi_tensors is not None:
+            row["pi_tensors"] = json.dumps([round(p, 5) for p in pi_tensors])
+        return row
 
 
 class Leader:
-    """The state of the aggregator while it holds the lease: theta, rule, history."""
+    """The state of the aggregator while it holds the lease: theta, rule, history.
+
+    Gradients are applied as they are read, into an open *window*; closing the window gives
+    the plan of one atomic commit (parameters, head, the XACK of every entry in it). The
+    run's publication policy decides when a window closes: after every read by default, or
+    once ``publish_every`` updates and ``publish_interval_ms`` have passed. Nothing of an
+    open window is visible in Redis, so a crash loses it whole and the next leader applies
+    its entries again from the pending list: exactly once either way.
+    """
 
     def __init__(self, store: RunStore, config: RunConfig, layout: ParamLayout) -> None:
         head = store.head()
@@ -125,22 +150,69 @@ class Leader:
         self._drift = np.empty(layout.size, np.float32)
         self._last_heard: dict[str, float] = {}
         self._logged: set[tuple[str, str]] = set()
+        self._window = BatchTally()
+        self._ack: list[str] = []
+        self._published_at = time.monotonic()
+        self._pi_tensors_at = -math.inf
+        # Workers wait while the stream holds max_pending entries, and an open window's
+        # entries are still in the stream: close it well before they would all be waiting.
+        # (The cap also keeps the commit's XACK within Lua's argument limit.)
+        self._window_cap = max(1, min(config.max_pending // 2, MAX_WINDOW_ENTRIES))
 
     @property
     def budget_spent(self) -> bool:
         return self.updates >= self.config.budget_updates
 
-    def process(self, entries: list[tuple[str, bytes | None, str | None]]) -> CommitPlan:
-        """Apply a batch in arrival order; return what must be committed."""
-        tally = BatchTally()
-        self.prev_id = self.last_id
-        for _entry_id, message, sender in entries:
+    @property
+    def window_entries(self) -> int:
+        """Entries read since the last commit (applied, rejected or unused)."""
+        return len(self._ack)
+
+    def absorb(self, entries: list[tuple[str, bytes | None, str | None]]) -> None:
+        """Apply entries into the open window, in arrival order."""
+        for entry_id, message, sender in entries:
             if self.budget_spent:
-                tally.count("unused", sender)
-                continue
-            self._process_one(message, sender, tally)
-        self.last_id = entries[-1][0] if entries else self.last_id
-        return self._plan(tally, [e[0] for e in entries])
+                self._window.count("unused", sender)
+            else:
+                self._process_one(message, sender, self._window)
+            self._ack.append(entry_id)
+        if entries:
+            self.last_id = entries[-1][0]
+
+    def commit_due(self) -> bool:
+        """Whether the open window should be committed now, by the publication policy."""
+        if not self._ack:
+            return False
+        applied = self._window.applied
+        if applied == 0 or len(self._ack) >= self._window_cap:
+            return True  # nothing to publish (acknowledge at once), or the stream fills up
+        waited_ms = (time.monotonic() - self._published_at) * 1000
+        return (applied >= self.config.publish_every
+                and waited_ms >= self.config.publish_interval_ms)
+
+    def close(self) -> CommitPlan:
+        """The plan that commits the open window; a new window opens."""
+        tally, ack = self._window, self._ack
+        self._window, self._ack = BatchTally(), []
+        publish = tally.applied > 0
+        dropped: list[int] = []
+        if publish:
+            self.version = self.updates
+            dropped = self.history.add(self.version, self.theta)
+            self._published_at = time.monotonic()
+        self._expire_silent_workers()
+        metrics = (tally.metrics(self.updates, len(self.rule.workers), self._pi_tensors())
+                   if publish else {})
+        plan = CommitPlan(version=self.version, updates=self.updates, prev_id=self.prev_id,
+                          last_id=self.last_id, ack=ack, publish=publish, drop=dropped,
+                          metrics=metrics, counters=tally.counters, workers=tally.workers)
+        self.prev_id = self.last_id
+        return plan
+
+    def process(self, entries: list[tuple[str, bytes | None, str | None]]) -> CommitPlan:
+        """Apply a batch in arrival order; return the plan that commits it alone."""
+        self.absorb(entries)
+        return self.close()
 
     def _process_one(self, message: bytes | None, sender: str | None,
                      tally: BatchTally) -> None:
@@ -178,23 +250,16 @@ class Leader:
             log.warning("run %s: rejected a gradient from %s: %s (logged once per worker "
                         "and reason)", self.config.run_id, worker_id, error)
 
-    def _plan(self, tally: BatchTally, ack: list[str]) -> CommitPlan:
-        publish = tally.applied > 0
-        dropped: list[int] = []
-        if publish:
-            self.version = self.updates
-            dropped = self.history.add(self.version, self.theta)
-        self._expire_silent_workers()
-        metrics = tally.metrics(self.updates, len(self.rule.workers), self._pi_tensors())
-        return CommitPlan(version=self.version, updates=self.updates, prev_id=self.prev_id,
-                          last_id=self.last_id,
-                          ack=ack, publish=publish, drop=dropped,
-                          metrics=metrics if publish else {}, counters=tally.counters,
-                          workers=tally.workers)
-
-    def _pi_tensors(self) -> list[float]:
+    def _pi_tensors(self) -> list[float] | None:
+        """Per-tensor median pi of the last update, at most every PI_TENSORS_EVERY_S: the
+        heat map needs no more, and commits can come hundreds of times a second."""
+        now = time.monotonic()
+        if now - self._pi_tensors_at < PI_TENSORS_EVERY_S and not self.budget_spent:
+            return None
+        self._pi_tensors_at = now
         scale = self.rule.last_scale()
-        return [median_sample(scale[t.slice]) for t in self.layout.tensors]
+        return [median_sample(scale[t.slice], TENSOR_MEDIAN_SAMPLE)
+                for t in self.layout.tensors]
 
     def _expire_silent_workers(self) -> None:
         cutoff = time.monotonic() - self.config.worker_timeout_s
@@ -221,6 +286,7 @@ class Aggregator:
         committed state from Redis, so nothing half-done in memory survives an outage.
         """
         shutdown = shutdown or threading.Event()
+        keep_freed_memory()
         outage = Backoff(f"run {self.store.run_id}: aggregator")
         self.store.config()  # RunNotFound now, before anything: the run must exist
         try:
@@ -283,36 +349,66 @@ class Aggregator:
         return False
 
     def _lead(self, leader: Leader, shutdown: threading.Event) -> str:
-        opts = self.options
         self.store.mark_running(self.token)
-        last_seen = leader.last_id
+        # A new leader may inherit its predecessor's unacknowledged batch: no waiting yet.
+        read = self.store.fenced_read(self.token, self.options.lease_ms,
+                                      leader.config.read_batch)
         while True:
-            stop, raw = self.store.fenced_read(self.token, opts.lease_ms,
-                                               leader.config.read_batch)
-            entries = [(entry_id, _field(f, b"m"), _sender(f)) for entry_id, f in raw]
-            if not entries and not stop:
-                if shutdown.is_set():
-                    return "shutdown"
-                self.store.wait_for_gradients(last_seen, self._idle_block_ms)
-                continue
-            plan = leader.process(entries)
-            final = FINISHED if leader.budget_spent else STOPPED if stop else None
-            if final:
-                plan.status = {"state": final, "ended_ms": now_ms()}
-            self._commit(plan, leader)
-            last_seen = entries[-1][0] if entries else last_seen
-            if final:
-                log.info("run %s %s after %d updates", leader.config.run_id, final,
-                         leader.updates)
-                return final
-            if shutdown.is_set():
+            leader.absorb([(entry_id, _field(f, b"m"), _sender(f))
+                           for entry_id, f in read.entries])
+            final = FINISHED if leader.budget_spent else STOPPED if read.stop_requested else None
+            idle = not read.entries  # nothing came while blocked: flush what is open
+            if final or shutdown.is_set():
+                last = leader.close()
+                if final:
+                    last.status = {"state": final, "ended_ms": now_ms()}
+                if final or last.ack:
+                    self._commit(last, leader)
+                if final:
+                    log.info("run %s %s after %d updates", leader.config.run_id, final,
+                             leader.updates)
+                    return final
                 return "shutdown"
+            due = (idle and leader.window_entries) or leader.commit_due()
+            plan = leader.close() if due else None
+            request = self._next_read(leader, read)
+            if plan is not None:
+                read = self._commit(plan, leader, request)
+            else:
+                read = self.store.fenced_read(self.token, self.options.lease_ms,
+                                              request.count,
+                                              pending_after=request.pending_after,
+                                              block_ms=request.block_ms)
 
-    def _commit(self, plan: CommitPlan, leader: Leader) -> None:
-        if self.store.commit(self.token, self.options.lease_ms, plan, leader.theta):
-            return
-        if self.store.head().last_id != plan.last_id:  # not merely our own commit, re-sent
+    def _next_read(self, leader: Leader, last: BatchRead) -> ReadRequest:
+        """The next read: at a window's start every unacknowledged entry is read again from
+        the pending list (a deposed leader's read, a lost reply); within a window only those
+        past the entries already taken. It waits for new entries, inside the same round
+        trip, once the pending list is known to be drained."""
+        count = leader.config.read_batch
+        drained = last.pending < count
+        return ReadRequest(count, leader.last_id if leader.window_entries else "0",
+                           self._idle_block_ms if drained else 0)
+
+    @overload
+    def _commit(self, plan: CommitPlan, leader: Leader) -> None: ...
+
+    @overload
+    def _commit(self, plan: CommitPlan, leader: Leader, then: ReadRequest) -> BatchRead: ...
+
+    def _commit(self, plan: CommitPlan, leader: Leader,
+                then: ReadRequest | None = None) -> BatchRead | None:
+        """Commit ``plan``, and make the read ``then`` in the same round trip."""
+        read = None
+        if then is None:
+            committed = self.store.commit(self.token, self.options.lease_ms, plan, leader.theta)
+        else:
+            committed, read = self.store.commit_then_read(self.token, self.options.lease_ms,
+                                                          plan, leader.theta, then)
+        if not committed and self.store.head().last_id != plan.last_id:
+            # Not merely our own commit, re-sent after a lost reply.
             raise FencedError("the run's head moved under this aggregator")
+        return read
 
 
 def _field(fields: dict[bytes, bytes] | None, name: bytes) -> bytes | None:

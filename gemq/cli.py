@@ -57,6 +57,10 @@ def _add_proxy(parser: argparse.ArgumentParser) -> None:
                              "moment of all updates (global)")
 
 
+def _default(field: str) -> Any:
+    return RunConfig.__dataclass_fields__[field].default
+
+
 def _add_training(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training")
     group.add_argument("--algo", choices=ALGORITHMS, default="gem")
@@ -77,7 +81,15 @@ def _add_training(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-staleness", type=int, default=512)
     group.add_argument("--max-pending", type=_positive_int, default=64,
                        help="workers wait while the stream holds more gradients than this")
-    group.add_argument("--wire-dtype", choices=tuple(WIRE_DTYPES), default="float32")
+    group.add_argument("--wire-dtype", choices=tuple(WIRE_DTYPES), default="float32",
+                       help="gradient payloads: float32, or half the bytes as bfloat16 "
+                            "(cheap to convert) or float16")
+    group.add_argument("--publish-every", type=_positive_int, default=_default("publish_every"),
+                       help="publish parameters once this many updates were applied since "
+                            "the last publication")
+    group.add_argument("--publish-interval-ms", type=int,
+                       default=_default("publish_interval_ms"),
+                       help="...and this many ms have passed since it (0: no wait)")
     group.add_argument("--run", dest="run_id", default=None,
                        help="run id; default: run-<date>-<time>-<random>")
 
@@ -180,7 +192,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
             "pi_max": args.pi_max, "batch_size": args.batch_size, "model": args.model,
             "dataset": args.dataset, "seed": args.seed, "max_staleness": args.max_staleness,
             "max_pending": args.max_pending, "wire_dtype": args.wire_dtype,
-            "proxy": args.proxy}
+            "proxy": args.proxy, "publish_every": args.publish_every,
+            "publish_interval_ms": args.publish_interval_ms}
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ from gemq.keys import is_valid_run_id
 
 ALGORITHMS = ("gem", "downpour", "adaptive", "dcasgd")
 PROXIES = ("local", "global")
-WIRE_DTYPES = ("float32", "float16")
+WIRE_DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,11 @@ class RunConfig:
     #: Encoded gradient messages larger than this are refused; 0 means "payload + 64 KiB".
     max_message_bytes: int = 0
     wire_dtype: str = "float32"
+    #: Publication policy: the aggregator publishes new parameters (and commits) once at
+    #: least this many updates were applied since the last publication...
+    publish_every: int = 1
+    #: ...and at least this many milliseconds have passed since it (0: no wait).
+    publish_interval_ms: int = 0
 
     def __post_init__(self) -> None:
         for check in _CHECKS:
@@ -115,6 +120,15 @@ def _check_run_id(config: RunConfig) -> None:
                                     f"starting with a letter or digit; got {config.run_id!r}")
 
 
+def _check_publish_every(config: RunConfig) -> None:
+    # An open window's gradients stay in the stream, and workers stop at max_pending.
+    if config.publish_every > max(1, config.max_pending // 2):
+        raise ConfigError("publish_every", f"must be at most max_pending / 2 "
+                                           f"({max(1, config.max_pending // 2)}), got "
+                                           f"{config.publish_every}: workers would wait for "
+                                           "a publication that cannot come")
+
+
 def _check_specs(config: RunConfig) -> None:
     for name in ("model", "dataset"):
         if not getattr(config, name).strip():
@@ -141,4 +155,7 @@ _CHECKS = (
     _in_range("read_batch", 1, 4096),
     _in_range("worker_timeout_s", 0, 10**6, low_open=True),
     _in_range("max_message_bytes", 0, 2**31),
+    _in_range("publish_every", 1, 4096),
+    _in_range("publish_interval_ms", 0, 60_000),
+    _check_publish_every,
 )

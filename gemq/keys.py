@@ -95,6 +95,10 @@ class RunKeys:
         """Hash of one worker's state: heartbeat, steps, staleness, rejections."""
         return self._key(f"worker:{worker_id}")
 
+    def staging(self, token: str) -> str:
+        """Parameters on their way into a commit by the aggregator holding ``token``."""
+        return self._key(f"staging:{token}")
+
     @property
     def lease(self) -> str:
         """The aggregator lease: holds the leader's token, expires unless renewed."""

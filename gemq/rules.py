@@ -1,4 +1,4 @@
-"""Aggregation rules: pure numpy, no Redis, no torch.
+"""Aggregation rules: numpy and one compiled kernel (gemq.kernel), no Redis, no torch.
 
 Every rule turns a worker's raw gradient ``g`` into an update of the central variable
 ``theta`` in place. Notation follows GEM.md: ``delta = -lr * g`` is the unscaled update,
@@ -11,6 +11,9 @@ central variable as seen by that worker once the update lands) and
 ``E_proxy = 1/2 sum((kappa * m_w)^2)`` (the momentum-SGD proxy's). Their ratio is 1 when the
 system is compliant, above 1 when it carries more energy than the proxy (DOWNPOUR with many
 workers), below 1 when it wastes the workers' work (adaptive staleness).
+
+A rule only says how its scale is computed (``_scale_mode``); the update itself is one
+fused pass over the parameters, the same for every rule.
 """
 
 from __future__ import annotations
@@ -20,12 +23,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gemq import kernel
 from gemq.config import RunConfig
 from gemq.errors import ConfigError
 
-#: Medians of pi are taken over at most this many evenly spaced elements: an exact median
-#: costs ~1.5 ms on the paper CNN, the strided estimate ~0.1 ms.
-MEDIAN_SAMPLE = 16384
+#: Medians of pi are taken over at most this many evenly spaced elements, once per update:
+#: an exact median costs ~1.5 ms on the paper CNN, this estimate ~0.01 ms.
+MEDIAN_SAMPLE = 4096
+#: The per-tensor medians of the dashboard's heat map, one set per commit, need less.
+TENSOR_MEDIAN_SAMPLE = 2048
 
 
 @dataclass(frozen=True)
@@ -47,9 +53,8 @@ class Rule:
         self.momentum = momentum
         self.kappa = kappa
         self._moments: dict[str, np.ndarray] = {}
-        self._delta = np.empty(size, np.float32)
         self._scale = np.empty(size, np.float32)  # per-element pi of the last update
-        self._work = np.empty(size, np.float32)
+        kernel.warm_up()
 
     @property
     def workers(self) -> list[str]:
@@ -68,22 +73,20 @@ class Rule:
 
     def apply(self, theta: np.ndarray, gradient: np.ndarray, drift: np.ndarray,
               worker_id: str, staleness: int) -> UpdateStats:
-        """Update ``theta`` in place with one worker's gradient; report what happened."""
-        # dtype: a float16 wire payload must not drag the arithmetic down to float16 (slow)
-        delta = np.multiply(gradient, -self.lr, out=self._delta, dtype=np.float32)
-        moment = self._moment(worker_id)
-        moment *= self.momentum
-        moment += delta
-        self._compute_scale(moment, delta, drift, staleness)
-        step = np.multiply(self._scale, delta, out=self._work)
-        theta += step
-        step += drift  # now theta - s after the update: the central variable's velocity
-        return UpdateStats(
-            staleness=staleness,
-            median_pi=median_sample(self._scale),
-            e_central=0.5 * float(np.dot(step, step)),
-            e_proxy=0.5 * self.kappa**2 * float(np.dot(moment, moment)),
-        )
+        """Update ``theta`` in place with one worker's gradient; report what happened.
+
+        ``theta``, ``drift`` and the gradient are flat float32 arrays of the rule's size
+        (a gradient of another dtype, the simulator's, is widened first).
+        """
+        if gradient.dtype != np.float32 or not gradient.flags.c_contiguous:
+            gradient = np.ascontiguousarray(gradient, dtype=np.float32)
+        mode, a, b = self._scale_mode(staleness)
+        f32 = np.float32
+        e_central, e_proxy = kernel.update(
+            theta, gradient, drift, self._moment(worker_id), self._scale, f32(self.lr),
+            f32(self.momentum), f32(self.kappa), mode, f32(a), f32(b))
+        return UpdateStats(staleness=staleness, median_pi=median_sample(self._scale),
+                           e_central=float(e_central), e_proxy=float(e_proxy))
 
     def _moment(self, worker_id: str) -> np.ndarray:
         moment = self._moments.get(worker_id)
@@ -91,8 +94,8 @@ class Rule:
             moment = self._moments[worker_id] = np.zeros(self.size, np.float32)
         return moment
 
-    def _compute_scale(self, moment: np.ndarray, delta: np.ndarray, drift: np.ndarray,
-                       staleness: int) -> None:
+    def _scale_mode(self, staleness: int) -> tuple[int, float, float]:
+        """(kernel mode, a, b): how gemq.kernel.update computes this rule's scale."""
         raise NotImplementedError
 
 
@@ -101,9 +104,8 @@ class Downpour(Rule):
 
     name = "downpour"
 
-    def _compute_scale(self, moment: np.ndarray, delta: np.ndarray, drift: np.ndarray,
-                       staleness: int) -> None:
-        self._scale.fill(1.0)
+    def _scale_mode(self, staleness: int) -> tuple[int, float, float]:
+        return kernel.CONSTANT, 1.0, 0.0
 
 
 class AdaptiveStaleness(Rule):
@@ -111,9 +113,8 @@ class AdaptiveStaleness(Rule):
 
     name = "adaptive"
 
-    def _compute_scale(self, moment: np.ndarray, delta: np.ndarray, drift: np.ndarray,
-                       staleness: int) -> None:
-        self._scale.fill(1.0 / (staleness + 1))
+    def _scale_mode(self, staleness: int) -> tuple[int, float, float]:
+        return kernel.CONSTANT, 1.0 / (staleness + 1), 0.0
 
 
 class GEM(Rule):
@@ -130,16 +131,8 @@ class GEM(Rule):
         self.pi_max = pi_max
         self.eps = eps
 
-    def _compute_scale(self, moment: np.ndarray, delta: np.ndarray, drift: np.ndarray,
-                       staleness: int) -> None:
-        pi, work = self._scale, self._work
-        np.abs(moment, out=pi)
-        pi *= self.kappa
-        pi -= np.abs(drift, out=work)
-        np.abs(delta, out=work)
-        work += self.eps
-        pi /= work
-        np.clip(pi, 0.0, self.pi_max, out=pi)
+    def _scale_mode(self, staleness: int) -> tuple[int, float, float]:
+        return kernel.GEM, self.pi_max, self.eps
 
 
 class GlobalGEM(GEM):
@@ -191,20 +184,25 @@ class DCASGD(Rule):
         super().__init__(size, lr=lr, momentum=momentum, kappa=kappa)
         self.lam = lam
 
-    def _compute_scale(self, moment: np.ndarray, delta: np.ndarray, drift: np.ndarray,
-                       staleness: int) -> None:
-        scale = self._scale
-        np.multiply(delta, drift, out=scale)
-        scale *= -self.lam / self.lr  # g = -delta / lr
-        scale += 1.0
+    def _scale_mode(self, staleness: int) -> tuple[int, float, float]:
+        return kernel.DELAY_COMPENSATED, -self.lam / self.lr, 0.0  # g = -delta / lr
 
 
-def median_sample(values: np.ndarray) -> float:
-    """Median of ``values``, estimated on at most MEDIAN_SAMPLE evenly spaced elements."""
+def median_sample(values: np.ndarray, limit: int = MEDIAN_SAMPLE) -> float:
+    """Median of ``values``, estimated on at most ``limit`` evenly spaced elements.
+
+    ``np.partition`` directly: ``np.median`` spends more in its Python layers than in the
+    selection itself on samples this small (~0.1 ms per call, many calls per commit).
+    """
     if values.size == 0:
         return math.nan
-    stride = -(-values.size // MEDIAN_SAMPLE)  # ceiling division
-    return float(np.median(values[::stride]))
+    stride = -(-values.size // limit)  # ceiling division
+    sample = values[::stride]
+    middle = sample.size // 2
+    if sample.size % 2:
+        return float(np.partition(sample, middle)[middle])
+    low, high = np.partition(sample, (middle - 1, middle))[middle - 1:middle + 1]
+    return (float(low) + float(high)) / 2
 
 
 def make_rule(config: RunConfig, size: int, *,

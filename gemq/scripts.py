@@ -10,6 +10,7 @@ compare-and-set on the head catches the case where somebody did and left again.
 FENCE = """
 local holder = redis.call('GET', KEYS[1])
 if holder and holder ~= ARGV[1] then
+  ON_FENCED
   return redis.error_reply('FENCED this aggregator no longer holds the lease')
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
@@ -19,26 +20,33 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 #: The batch itself is read outside the script, in the same pipeline: a script would copy
 #: every message into Lua and back. Reading needs no fence: a stale leader's read only moves
 #: entries into the group's pending list, which the leader reads before anything new.
-RENEW = FENCE + """
+RENEW = FENCE.replace("ON_FENCED", "") + """
 return redis.call('HGET', KEYS[2], 'stop_requested')
 """
 
 #: KEYS: lease, head, versions, gradients, metrics, counters, workers, status, new params,
-#:       then plan.n_drop snapshot keys to delete, then one key per plan.workers entry.
-#: ARGV: token, lease_ms, parameter bytes (ignored unless plan.publish), msgpack plan.
+#:       staged params, then plan.n_drop snapshot keys to delete, then one key per
+#:       plan.workers entry.
+#: ARGV: token, lease_ms, msgpack plan.
 #: Everything a batch changes lands in this one atomic step: parameters, head, the XACK of
-#: the batch, trimming, metrics, counters and worker state. It is idempotent: it applies
-#: only on top of the head it was computed from (plan.prev_id), so a commit re-sent after
-#: a lost reply changes nothing and returns 0.
-COMMIT = FENCE + """
-local plan = cmsgpack.unpack(ARGV[4])
-if redis.call('HGET', KEYS[2], 'last_id') ~= plan.prev_id then return 0 end
+#: the batch, trimming, metrics, counters and worker state. The parameters were SET to the
+#: staging key by the same MULTI; they are renamed into place (no copy) or discarded. It is
+#: idempotent: it applies only on top of the head it was computed from (plan.prev_id), so a
+#: commit re-sent after a lost reply changes nothing and returns 0.
+COMMIT = FENCE.replace("ON_FENCED", "redis.call('DEL', KEYS[10])") + """
+local plan = cmsgpack.unpack(ARGV[3])
+if redis.call('HGET', KEYS[2], 'last_id') ~= plan.prev_id then
+  redis.call('DEL', KEYS[10])
+  return 0
+end
 if plan.publish then
-  redis.call('SET', KEYS[9], ARGV[3])
+  redis.call('RENAME', KEYS[10], KEYS[9])
+  redis.call('PERSIST', KEYS[9])
   redis.call('ZADD', KEYS[3], plan.version, plan.version)
 end
+local fixed = 10
 for i = 1, plan.n_drop do
-  redis.call('DEL', KEYS[9 + i])
+  redis.call('DEL', KEYS[fixed + i])
   redis.call('ZREM', KEYS[3], plan.drop[i])
 end
 redis.call('HSET', KEYS[2], 'version', plan.version, 'updates', plan.updates,
@@ -54,7 +62,7 @@ for field, n in pairs(plan.counters) do
   redis.call('HINCRBY', KEYS[6], field, n)
 end
 for i, w in ipairs(plan.workers) do
-  local key = KEYS[9 + plan.n_drop + i]
+  local key = KEYS[fixed + plan.n_drop + i]
   redis.call('SADD', KEYS[7], w.id)
   if #w.set > 0 then redis.call('HSET', key, unpack(w.set)) end
   for field, n in pairs(w.incr) do redis.call('HINCRBY', key, field, n) end

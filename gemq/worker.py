@@ -22,10 +22,10 @@ from gemq.config import RunConfig
 from gemq.connection import TRANSIENT_ERRORS, Backoff, connect
 from gemq.data import DataSplit, load_dataset, minibatches, worker_seed
 from gemq.errors import GemqError
-from gemq.evaluate import load_flat
+from gemq.evaluate import FlatLoader
 from gemq.models import build_model, layout_of
-from gemq.process import graceful_shutdown, setup_logging
-from gemq.store import CREATED, ENDED, RunStore
+from gemq.process import graceful_shutdown, keep_freed_memory, setup_logging
+from gemq.store import CREATED, ENDED, RunStore, WorkerView
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +59,12 @@ class Worker:
         self.device = resolve_device(self.options.device)
         self.layout_id = store.layout().layout_id
         self.model = self._build_model(data)
+        self.loader = FlatLoader(self.model)
         self.batches = minibatches(data.train, config.batch_size,
                                    worker_seed(config.seed, worker_id))
         self.steps = 0
         self.version = -1  # of the parameters loaded in the model
+        self._next_view: WorkerView | None = None
         self._last_heartbeat = 0.0
 
     def _build_model(self, data: DataSplit) -> nn.Module:
@@ -91,7 +93,7 @@ class Worker:
 
     def _step(self, shutdown: threading.Event) -> bool:
         """One gradient (or one wait); False once the run has ended."""
-        view = self.store.worker_view()
+        view, self._next_view = self._next_view or self.store.worker_view(), None
         if view.state in ENDED:
             return False
         if view.state == CREATED or view.pending >= self.config.max_pending:
@@ -100,13 +102,14 @@ class Worker:
             return True
         if view.version != self.version:
             self.version, params = self.store.latest(view.version)  # one GET, not three
-            load_flat(self.model, params)
+            self.loader.load(params)
         loss, gradient = self._gradient(self.batches)
         message = codec.encode(
             run_id=self.config.run_id, worker_id=self.worker_id, param_version=self.version,
             samples=self.config.batch_size, loss=loss, layout_id=self.layout_id,
             gradient=gradient, dtype=self.config.wire_dtype)
-        self.store.publish_gradient(self.worker_id, message)  # also a heartbeat
+        # Also a heartbeat; and it brings back the view the next step starts from.
+        self._next_view = self.store.publish_and_view(self.worker_id, message)
         self._last_heartbeat = time.monotonic()
         self.steps += 1
         return True
@@ -133,6 +136,7 @@ class Worker:
 def run_workers(store: RunStore, worker_ids: list[str], options: WorkerOptions,
                 shutdown: threading.Event) -> dict[str, int]:
     """Host several logical workers of one run in this process, one thread each."""
+    keep_freed_memory()
     config = store.config()
     data = load_dataset(config.dataset)
     workers = [Worker(store, worker_id, config, data, options) for worker_id in worker_ids]

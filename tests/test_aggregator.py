@@ -36,6 +36,12 @@ def params(store: RunStore) -> np.ndarray:
     return store.latest()[1]
 
 
+def delivered(client: redis.Redis, store: RunStore) -> str:
+    """The id of the newest gradient the aggregators' group has read."""
+    group = client.xinfo_groups(store.keys.gradients)[0]
+    return str(group["last-delivered-id"].decode())
+
+
 def test_downpour_applies_each_gradient_once(redis_client: redis.Redis) -> None:
     # DOWNPOUR sums -lr * g: the final parameters prove every gradient was applied once.
     store = small_run(redis_client, algo="downpour", lr=0.5, budget_updates=40)
@@ -67,7 +73,7 @@ def test_rejected_messages_never_touch_parameters(redis_client: redis.Redis) -> 
     before = params(store).copy()
     leader = Leader(store, store.config(), store.layout())
     assert store.acquire_lease("t", 1000)
-    _, raw = store.fenced_read("t", 1000, 100)
+    raw = store.fenced_read("t", 1000, 100).entries
     plan = leader.process([(i, f.get(b"m"), f.get(b"w", b"").decode()) for i, f in raw])
     store.commit("t", 1000, plan, leader.theta)
     np.testing.assert_array_equal(params(store), before)
@@ -102,12 +108,13 @@ def test_a_paused_leader_is_fenced(redis_client: redis.Redis) -> None:
     leader = Leader(store, store.config(), store.layout())
     store.publish_gradient("w1", gradient_message(store, "w1",
                                                   np.ones(SMALL_LAYOUT.size, np.float32)))
-    _, raw = store.fenced_read("old", 200, 10)
+    raw = store.fenced_read("old", 200, 10).entries
     plan = leader.process([(i, f[b"m"], "w1") for i, f in raw])
     wait_for(lambda: not redis_client.exists(store.keys.lease), what="lease expiry")
     assert store.acquire_lease("new", 5000)
     with pytest.raises(FencedError):
         store.commit("old", 200, plan, leader.theta)
+    assert not redis_client.exists(store.keys.staging("old"))  # its staged params are gone
     with pytest.raises(FencedError):
         store.fenced_read("old", 200, 10)
     assert store.head().version == 0
@@ -140,12 +147,58 @@ def test_standby_takes_over_when_leader_stops(redis_client: redis.Redis) -> None
     assert store.state() == STOPPED
 
 
+def test_publication_policy_publishes_every_k_updates(redis_client: redis.Redis) -> None:
+    store = small_run(redis_client, algo="downpour", lr=0.5, budget_updates=42,
+                      publish_every=4, history=100)
+    grads = np.random.default_rng(2).standard_normal((42, SMALL_LAYOUT.size), np.float32)
+    thread, _, result = run_in_thread(store)
+    published = set()
+    for g in grads:  # one at a time: every read returns a single gradient
+        published.add(store.head().version)
+        entry_id = store.publish_gradient("w1", gradient_message(store, "w1", g))
+        wait_for(lambda e=entry_id: delivered(redis_client, store) == e, what="read")
+    thread.join(30)
+    assert result == [FINISHED]
+    versions = store.kept_versions()
+    # Every publication came after 4 more updates (the last one: when the budget ran out).
+    assert versions == [*range(0, 41, 4), 42]
+    assert published <= set(versions)
+    np.testing.assert_allclose(params(store), -0.5 * grads.sum(axis=0), rtol=1e-5,
+                               atol=1e-5)
+    assert len(store.latest_metrics(100)) == len(versions) - 1  # one row per publication
+
+
+def test_publication_interval_groups_updates(redis_client: redis.Redis) -> None:
+    store = small_run(redis_client, algo="downpour", lr=0.5, budget_updates=10**6,
+                      publish_interval_ms=400)
+    g = np.ones(SMALL_LAYOUT.size, np.float32)
+    thread, shutdown, _ = run_in_thread(store, AggregatorOptions(lease_ms=5000,
+                                                                 idle_block_ms=1000))
+    wait_for(lambda: store.state() == "running", what="leading")
+    store.publish_gradient("w1", gradient_message(store, "w1", g))
+    wait_for(lambda: store.head().version == 1, what="first publication")
+    for _ in range(9):
+        entry_id = store.publish_gradient("w1", gradient_message(store, "w1", g))
+        wait_for(lambda e=entry_id: delivered(redis_client, store) == e, what="read")
+        threading.Event().wait(0.02)
+    wait_for(lambda: store.counters().get("applied") == 10, what="10 applied")
+    shutdown.set()
+    thread.join(10)
+    # The first update after an idle spell is published at once; the next 9, read one by
+    # one within 400 ms of it, are committed together.
+    assert store.kept_versions() == [0, 1, 10]
+    np.testing.assert_allclose(params(store), -5.0 * g, rtol=1e-6)
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("policy", [{}, {"publish_every": 4, "publish_interval_ms": 30}],
+                         ids=["every-batch", "grouped"])
 def test_sigkilled_aggregator_applies_every_gradient_once(redis_server: EmbeddedRedis,
-                                                          redis_client: redis.Redis) -> None:
+                                                          redis_client: redis.Redis,
+                                                          policy: dict[str, int]) -> None:
     total = 600
     store = small_run(redis_client, algo="downpour", lr=0.01, budget_updates=total,
-                      read_batch=8)
+                      read_batch=8, **policy)
     rng = np.random.default_rng(7)
     grads = rng.standard_normal((total, SMALL_LAYOUT.size)).astype(np.float32)
     args = ("aggregator", "--run", store.run_id, "--redis-url", redis_server.url,
@@ -222,3 +275,21 @@ def test_arbitrary_bytes_are_rejected_and_never_applied(redis_client: redis.Redi
     if applied == 0:
         np.testing.assert_array_equal(leader.theta, before)
     assert np.isfinite(leader.theta).all()
+
+
+def test_a_long_pending_list_is_applied_before_new_entries(redis_client: redis.Redis) -> None:
+    # A deposed leader's reads (or a retried pipeline) can leave more entries pending than
+    # one read returns. New entries must not overtake them: the commit trims the stream up
+    # to its last entry, and a pending entry behind it would be lost.
+    store = small_run(redis_client, algo="downpour", lr=0.5, budget_updates=9, read_batch=2)
+    grads = np.random.default_rng(4).standard_normal((9, SMALL_LAYOUT.size), np.float32)
+    for g in grads[:6]:
+        store.publish_gradient("w1", gradient_message(store, "w1", g))
+    redis_client.xreadgroup("aggregators", "leader", {store.keys.gradients: ">"}, count=5)
+    for g in grads[6:]:
+        store.publish_gradient("w1", gradient_message(store, "w1", g))
+    thread, _, result = run_in_thread(store)
+    thread.join(30)
+    assert result == [FINISHED]
+    assert store.counters() == {"published": 9, "applied": 9}
+    np.testing.assert_allclose(params(store), -0.5 * grads.sum(axis=0), rtol=1e-5, atol=1e-5)

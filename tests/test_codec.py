@@ -17,12 +17,31 @@ from gemq.errors import CodecError
 SIZE = 10
 EXPECTED = Expected(run_id="run-1", layout_id="layout-abc", size=SIZE)
 EXPECTED16 = Expected(run_id="run-1", layout_id="layout-abc", size=SIZE, dtype="float16")
+EXPECTED_BF16 = Expected(run_id="run-1", layout_id="layout-abc", size=SIZE, dtype="bfloat16")
+BY_DTYPE = {"float32": EXPECTED, "float16": EXPECTED16, "bfloat16": EXPECTED_BF16}
 GRADIENT = np.linspace(-2.0, 2.5, SIZE).astype(np.float64) + 1e-3  # not exact in float16
 
 # The valid header, field by field, in wire order.
 HEADER = [codec.FORMAT_VERSION, "run-1", "worker-7", 42, 64, 0.125, "float32", "layout-abc"]
 FIELD = {name: i for i, name in enumerate(
     ["format", "run_id", "worker_id", "param_version", "samples", "loss", "dtype", "layout_id"])}
+
+
+def wire(values: np.ndarray, dtype: str) -> np.ndarray:
+    """``values`` as the payload elements of ``dtype``, computed independently of codec."""
+    if dtype == "bfloat16":  # round to nearest even in 64-bit integers, keep the upper 16 bits
+        as32 = values.astype(np.float32)
+        bits = as32.view(np.uint32).astype(np.uint64)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return values.astype(codec.WIRE_DTYPES[dtype])
+
+
+def widened(values: np.ndarray, dtype: str) -> np.ndarray:
+    """What decoding must return for ``values`` sent as ``dtype``: float32."""
+    elements = wire(values, dtype)
+    if dtype == "bfloat16":
+        return (elements.astype(np.uint32) << 16).view(np.float32)
+    return elements.astype(np.float32)
 
 
 def make(**changes: object) -> bytes:
@@ -36,7 +55,7 @@ def make(**changes: object) -> bytes:
 def raw(header: object, payload: object = None, *, dtype: str = "float32") -> bytes:
     """A message built by hand: any header object, any payload (default: GRADIENT)."""
     if payload is None:
-        payload = GRADIENT.astype(codec.WIRE_DTYPES[dtype]).tobytes()
+        payload = wire(GRADIENT, dtype).tobytes()
     return msgpack.packb(header) + msgpack.packb(payload, use_bin_type=True)
 
 
@@ -57,9 +76,9 @@ def reason(message: object, expected: Expected = EXPECTED) -> str:
 # Round trips and zero copy.
 # --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_round_trip(dtype: str) -> None:
-    expected = EXPECTED if dtype == "float32" else EXPECTED16
+    expected = BY_DTYPE[dtype]
     data = make(dtype=dtype, param_version=2**62, samples=2**31, loss=-3.5)
     msg = decode(data, expected)
     assert isinstance(msg, GradientMessage)
@@ -70,11 +89,30 @@ def test_round_trip(dtype: str) -> None:
     assert msg.loss == -3.5 and type(msg.loss) is float
     assert msg.dtype == dtype
     assert msg.layout_id == "layout-abc"
-    assert msg.gradient.dtype == codec.WIRE_DTYPES[dtype]
+    assert msg.gradient.dtype == np.float32  # 16-bit payloads arrive widened
     assert msg.gradient.shape == (SIZE,)
-    np.testing.assert_array_equal(msg.gradient, GRADIENT.astype(codec.WIRE_DTYPES[dtype]))
-    if dtype == "float16":  # the cast is lossy: it really went through float16
-        assert not np.array_equal(msg.gradient.astype(np.float64), GRADIENT)
+    np.testing.assert_array_equal(msg.gradient, widened(GRADIENT, dtype))
+    if dtype != "float32":  # the cast is lossy: it really went through 16 bits
+        assert not np.array_equal(msg.gradient, GRADIENT.astype(np.float32))
+    assert len(data) < SIZE * codec.WIRE_DTYPES[dtype].itemsize + 100
+
+
+def test_bfloat16_rounds_to_nearest_even_and_keeps_float32_range() -> None:
+    values = np.array([1.0, 1.0 + 2**-8, 1.0 + 3 * 2**-8, 3e38, -1e-30, 0.0], np.float32)
+    bits = codec.to_bfloat16_bits(values)
+    back = (bits.astype(np.uint32) << 16).view(np.float32)
+    # 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: ties go to the even pattern, 1.
+    assert back[0] == 1.0 and back[1] == 1.0 and back[2] == 1.0 + 2**-6
+    assert np.isfinite(back[3]) and back[3] == pytest.approx(3e38, rel=2**-8)
+    assert back[4] == pytest.approx(-1e-30, rel=2**-8) and back[5] == 0.0
+
+
+@pytest.mark.parametrize("bits", [0x7FC00000, 0xFFFFFFFF, 0x7F800001, 0xFF800000])
+def test_bfloat16_never_turns_nan_or_inf_into_a_number(bits: int) -> None:
+    # 0xFFFFFFFF + the rounding bias wraps around in uint32: it must still not become 0.
+    values = np.array([bits], np.uint32).view(np.float32)
+    pattern = int(codec.to_bfloat16_bits(values)[0])
+    assert not np.isfinite((np.array([pattern], np.uint32) << 16).view(np.float32)[0])
 
 
 def test_round_trip_lower_bounds() -> None:
@@ -266,14 +304,13 @@ def test_wrong_length() -> None:
     assert reason(raw(header16, np.zeros(SIZE, "<f4").tobytes()), EXPECTED16) == "wrong_length"
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 @pytest.mark.parametrize("where", [0, SIZE - 1])
 def test_non_finite(dtype: str, bad: float, where: int) -> None:
     gradient = GRADIENT.copy()
     gradient[where] = bad
-    expected = EXPECTED if dtype == "float32" else EXPECTED16
-    assert reason(make(gradient=gradient, dtype=dtype), expected) == "non_finite"
+    assert reason(make(gradient=gradient, dtype=dtype), BY_DTYPE[dtype]) == "non_finite"
 
 
 @pytest.mark.parametrize("bad", [1e13, -3e38])
@@ -298,6 +335,9 @@ def test_non_finite_from_raw_bits() -> None:
     header16 = list(HEADER)
     header16[FIELD["dtype"]] = "float16"
     assert reason(raw(header16, bytes(payload16)), EXPECTED16) == "non_finite"
+    header16[FIELD["dtype"]] = "bfloat16"
+    payload16[-2:] = b"\xc1\xff"  # a bfloat16 NaN
+    assert reason(raw(header16, bytes(payload16)), EXPECTED_BF16) == "non_finite"
 
 
 def test_checks_come_in_a_fixed_order() -> None:
@@ -328,7 +368,7 @@ def check_outcome(data: bytes, expected: Expected) -> None:
         return
     assert isinstance(msg, GradientMessage)
     assert msg.gradient.shape == (expected.size,)
-    assert msg.gradient.dtype == codec.WIRE_DTYPES[expected.dtype]
+    assert msg.gradient.dtype == np.float32
     assert np.isfinite(msg.gradient).all()
     assert msg.run_id == expected.run_id and msg.layout_id == expected.layout_id
     assert msg.dtype == expected.dtype
@@ -345,15 +385,15 @@ def test_fuzz_arbitrary_bytes(data: bytes) -> None:
     check_outcome(data, Expected("run-1", "layout-abc", 0))
 
 
-VALID = {"float32": make(), "float16": make(dtype="float16")}
+VALID = {dtype: make(dtype=dtype) for dtype in BY_DTYPE}
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from(["float32", "float16"]), st.data())
+@given(st.sampled_from(sorted(BY_DTYPE)), st.data())
 def test_fuzz_mutated_message(dtype: str, data: st.DataObject) -> None:
     message = bytearray(VALID[dtype])
     edits = data.draw(st.lists(st.tuples(st.integers(0, len(message) - 1), st.integers(0, 255)),
                                min_size=1, max_size=8))
     for position, value in edits:
         message[position] = value
-    check_outcome(bytes(message), EXPECTED if dtype == "float32" else EXPECTED16)
+    check_outcome(bytes(message), BY_DTYPE[dtype])

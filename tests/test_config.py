@@ -25,6 +25,7 @@ DEFAULTS = {
     "budget_updates": 1000, "model": "cnn", "dataset": "mnist5k", "seed": 0,
     "max_staleness": 512, "history": 64, "max_pending": 64, "read_batch": 32,
     "worker_timeout_s": 60.0, "max_message_bytes": 0, "wire_dtype": "float32",
+    "publish_every": 1, "publish_interval_ms": 0,
 }
 
 
@@ -46,7 +47,8 @@ def test_json_round_trip_keeps_every_field() -> None:
                        pi_max=3.0, batch_size=16, budget_updates=77, model="mlp",
                        dataset="digits", seed=42, max_staleness=0, history=8,
                        max_pending=3, read_batch=5, worker_timeout_s=1.5,
-                       max_message_bytes=4096, wire_dtype="float16")
+                       max_message_bytes=4096, wire_dtype="float16", publish_every=1,
+                       publish_interval_ms=25)
     text = config.to_json()
     assert json.loads(text)["lr"] == 0.125
     assert list(json.loads(text)) == sorted(DEFAULTS)
@@ -95,6 +97,11 @@ def test_replace_validates() -> None:
     ({"algo": "nope"}, "algo"),
     ({"proxy": "remote"}, "proxy"),
     ({"wire_dtype": "int8"}, "wire_dtype"),
+    ({"publish_every": 0}, "publish_every"),
+    ({"publish_every": 33}, "publish_every"),  # > max_pending / 2: workers would stall
+    ({"publish_every": 3, "max_pending": 5}, "publish_every"),
+    ({"publish_interval_ms": -1}, "publish_interval_ms"),
+    ({"publish_interval_ms": 60_001}, "publish_interval_ms"),
     ({"model": "  "}, "model"),
     ({"dataset": ""}, "dataset"),
     ({"run_id": "bad id"}, "run_id"),
@@ -127,6 +134,10 @@ def test_range_messages() -> None:
     ({"seed": 2**32 - 1}, 2**32 - 1),
     ({"max_staleness": 0}, 0),
     ({"batch_size": 1}, 1),
+    ({"publish_every": 32}, 32),
+    ({"publish_every": 1, "max_pending": 1}, 1),
+    ({"publish_interval_ms": 60_000}, 60_000),
+    ({"wire_dtype": "bfloat16"}, "bfloat16"),
 ])
 def test_bounds_are_inclusive_where_documented(changes: dict[str, object],
                                                accepted: object) -> None:
@@ -181,7 +192,8 @@ def _all_keys(keys: RunKeys) -> dict[str, str]:
         if isinstance(member, property):
             found[name] = getattr(keys, name)
         elif inspect.isfunction(member):
-            found[name] = getattr(keys, name)({"params": 7, "worker": "w-1"}[name])
+            found[name] = getattr(keys, name)({"params": 7, "worker": "w-1",
+                                                     "staging": "host:1:ab"}[name])
     return found
 
 
@@ -201,6 +213,7 @@ def test_every_key_of_a_run_carries_the_hash_tag() -> None:
         "workers": "gemq:{exp-1}:workers",
         "worker": "gemq:{exp-1}:worker:w-1",
         "lease": "gemq:{exp-1}:lease",
+        "staging": "gemq:{exp-1}:staging:host:1:ab",
     }
 
 

@@ -475,3 +475,31 @@ def test_worker_seed() -> None:
     assert worker_seed(5, "w1") != worker_seed(6, "w1")
     assert worker_seed(0, "w1") == zlib.crc32(b"w1")
     assert all(0 <= worker_seed(2**32 - 1, f"w{i}") < 2**63 for i in range(10))
+
+
+def test_flat_loader_loads_every_parameter_and_keeps_training_working() -> None:
+    from gemq.evaluate import FlatLoader
+
+    torch.manual_seed(0)
+    model = build_model("cnn", 784, 10)
+    loader = FlatLoader(model)
+    values = np.random.default_rng(3).standard_normal(163_790).astype(np.float32)
+    loader.load(values)
+    np.testing.assert_array_equal(flat_params(model), values)
+    # The parameters are still the model's own: a gradient step moves them.
+    x, y = torch.randn(4, 784), torch.tensor([0, 1, 2, 3])
+    torch.nn.functional.nll_loss(model(x), y).backward()
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    assert not np.array_equal(flat_params(model), values)
+    loader.load(values)
+    np.testing.assert_array_equal(flat_params(model), values)
+
+
+def test_flat_loader_makes_every_parameter_float32_like_load_flat() -> None:
+    from gemq.evaluate import FlatLoader
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1).double())
+    loader = FlatLoader(model)
+    loader.load(np.arange(9, dtype=np.float32))
+    np.testing.assert_array_equal(flat_params(model), np.arange(9, dtype=np.float32))
+    assert {p.dtype for p in model.parameters()} == {torch.float32}

@@ -16,15 +16,19 @@ ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = {
     "transport_ratio": ["cnn"],
     "transport_ratio_fp16": ["cnn"],
+    "transport_ratio_bf16": ["cnn"],
     "wire_fp16_speedup": ["cnn"],
-    "publication_potential": ["cnn"],
+    "wire_bf16_speedup": ["cnn"],
     "compute_ratio": ["n2"],
+    "publication_policy": ["n2"],
+    "compute_ratio_bf16": ["n2"],
     "speedup_over_sgd": ["n2"],
     "speedup_over_reference": ["n2"],
     "update_rate_over_reference": ["n2"],
     "wire_fp16": ["n2"],
-    "scale": ["redis_memory_late_over_early", "redis_memory_over_backpressure_bound",
-              "total_rss_over_8gb", "aggregator_growth_over_worker_moments"],
+    "wire_bf16": ["n2"],
+    "scale": ["redis_memory_late_over_early", "redis_memory_over_design_bound",
+              "total_rss_over_8gb", "aggregator_growth_per_worker_over_moment"],
 }
 
 
@@ -51,6 +55,10 @@ def test_quick_suite_writes_well_formed_ratios(tmp_path: Path) -> None:
             values = _numbers(result[section][key])
             assert all(isinstance(v, int | float) and math.isfinite(v) for v in values), (
                 section, key, values)
-    ratios = _numbers({k: result[k] for k in EXPECTED if k != "wire_fp16"})
+    # Accuracy differences may be negative, staleness zero; every ratio must be positive.
+    signed = ("wire_fp16", "wire_bf16", "publication_policy")
+    ratios = _numbers({k: result[k] for k in EXPECTED if k not in signed})
+    ratios += [p["compute_ratio"] for p in result["publication_policy"]["n2"].values()]
     assert all(v > 0 for v in ratios), ratios  # type: ignore[operator]
+    assert {"every_batch", "every_25ms"} <= set(result["publication_policy"]["n2"])
     assert "ratio" in proc.stdout and "transport_ratio.cnn" in proc.stdout

@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 
 from gemq.config import RunConfig
-from gemq.rules import GEM, AdaptiveStaleness, Downpour, UpdateStats, make_rule
+from gemq.rules import (
+    GEM,
+    MEDIAN_SAMPLE,
+    AdaptiveStaleness,
+    Downpour,
+    UpdateStats,
+    make_rule,
+    median_sample,
+)
 
 
 def f32(values: list[float]) -> np.ndarray:
@@ -201,11 +209,11 @@ class Reference:
 
 
 def reference_median(pi: np.ndarray) -> float:
-    if pi.size < 16384:
+    if pi.size < MEDIAN_SAMPLE:
         return float(np.median(pi))
-    stride = -(-pi.size // 16384)  # evenly spaced, at most 16384 elements
+    stride = -(-pi.size // MEDIAN_SAMPLE)  # evenly spaced, at most MEDIAN_SAMPLE elements
     sample = pi[::stride]
-    assert sample.size <= 16384
+    assert sample.size <= MEDIAN_SAMPLE
     return float(np.median(sample))
 
 
@@ -289,3 +297,16 @@ def test_theta_in_place_and_gradient_untouched(algo: str) -> None:
     expected = {"gem": f32(THETA1), "downpour": theta_before + 0.5 * -G1,
                 "adaptive": theta_before + 0.5 * 0.5 * -G1}[algo]
     np.testing.assert_array_equal(theta, expected)
+
+
+@pytest.mark.parametrize("size", [1, 2, 7, 8, 4096, 4097, 100_000])
+def test_median_sample_is_the_median_of_its_evenly_spaced_sample(size: int) -> None:
+    values = np.random.default_rng(size).standard_normal(size).astype(np.float32)
+    assert median_sample(values) == pytest.approx(reference_median(values), rel=1e-6)
+    stride = -(-size // 64)
+    assert median_sample(values, 64) == pytest.approx(float(np.median(values[::stride])),
+                                                      rel=1e-6)
+
+
+def test_median_sample_of_nothing_is_nan() -> None:
+    assert np.isnan(median_sample(np.empty(0, np.float32)))

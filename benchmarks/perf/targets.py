@@ -6,7 +6,8 @@ Every contender runs a fixed budget of epochs and leaves (time since its start, 
 snapshots every ~0.2 s; they are evaluated afterwards, by the same code, so evaluation
 never competes with training for the two cores. The time to target is the time of the
 first snapshot whose test accuracy on the 1,000 held-out samples reaches the target.
-float16 wire payloads are run once at the largest n, same budget, for accuracy and rate.
+float16 and bfloat16 wire payloads are run once each at the largest n, same budget, for
+accuracy and rate.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from gemq.config import RunConfig
 NAME = "time_to_target"
 EFFECTIVE_BATCH = 256
 TRAIN_SAMPLES = 4000  # mnist5k's training split
+WIRE_VARIANTS = {"fp16": "float16", "bf16": "bfloat16"}
 
 
 def updates_for(epochs: float, batch: int) -> int:
@@ -139,7 +141,8 @@ def run(budget: Budget) -> dict[str, Any]:
             runs[f"gem_n{n}"] = judge.summary(run_gem(n, epochs))
             runs[f"reference_n{n}"] = judge.summary(run_reference(
                 n, EFFECTIVE_BATCH // n, updates_for(epochs, EFFECTIVE_BATCH // n), Path(tmp)))
-        runs[f"gem_n{ns[-1]}_fp16"] = judge.summary(run_gem(ns[-1], epochs, "float16"))
+        for short, dtype in WIRE_VARIANTS.items():
+            runs[f"gem_n{ns[-1]}_{short}"] = judge.summary(run_gem(ns[-1], epochs, dtype))
     return summarise(runs, ns, judge.target, epochs)
 
 
@@ -161,10 +164,11 @@ def summarise(runs: dict[str, dict[str, Any]], ns: tuple[int, ...], target: floa
                                    for n in ns},
         "update_rate_over_reference": {f"n{n}": ratio(rate(f"gem_n{n}"),
                                                       rate(f"reference_n{n}")) for n in ns},
-        "wire_fp16": {f"n{ns[-1]}": {
-            "update_rate_fp16_over_fp32": ratio(rate(f"{big}_fp16"), rate(big)),
-            "final_accuracy_fp16_minus_fp32": round(
-                runs[f"{big}_fp16"]["final_test_accuracy"] - runs[big]["final_test_accuracy"],
-                4)}},
+        **{f"wire_{short}": {f"n{ns[-1]}": {
+            f"update_rate_{short}_over_fp32": ratio(rate(f"{big}_{short}"), rate(big)),
+            f"speedup_{short}_over_fp32": ratio(t(big), t(f"{big}_{short}")),
+            f"final_accuracy_{short}_minus_fp32": round(
+                runs[f"{big}_{short}"]["final_test_accuracy"]
+                - runs[big]["final_test_accuracy"], 4)}} for short in WIRE_VARIANTS},
         "runs": runs,
     }

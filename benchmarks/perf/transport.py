@@ -4,13 +4,20 @@ The same producer processes keep the gradient stream full in every measurement (
 valid gradient messages, waiting while the stream is at its bound, re-reading the head
 version like a worker does). Only the consumer changes:
 
-- ``ceiling``: a bare consumer. XREADGROUP a batch, then in one MULTI: SET the parameter
-  bytes, HSET the head version, XACK, XTRIM. No validation, no rule: the bytes the
-  aggregator must move, moved as cheaply as redis-py allows.
-- ``gem``: the real aggregator process (gemq.aggregator) on a real run, GEM on.
-- ``ceiling_fp16`` / ``gem_fp16``: the same with float16 wire payloads (half the bytes).
-- ``ceiling_publish_every_4`` / ``ceiling_publish_never``: the bare consumer publishing the
-  parameters every 4th batch, or never: what a publication policy could buy at most.
+- ``ceiling``: a bare consumer. XREADGROUP until it holds a full batch (``read_batch``
+  entries), then in one MULTI: SET the parameter bytes, HSET the head version, XACK,
+  XTRIM. No validation, no rule: the bytes the aggregator must move, moved as cheaply as
+  redis-py allows.
+- ``gem``: the real aggregator process (gemq.aggregator) on a real run, GEM on, publishing
+  once per ``read_batch`` updates (``publish_every``).
+
+Both therefore move the same bytes per update: one XADD and one XREADGROUP of the gradient,
+and 1 / read_batch of a parameter SET. (A consumer that published after every read would
+publish more often the faster it is, since a faster consumer finds fewer entries per read:
+the "ceiling" would then be handicapped by its own speed.)
+
+- ``ceiling_fp16`` / ``gem_fp16``, ``ceiling_bf16`` / ``gem_bf16``: the same with float16
+  or bfloat16 wire payloads (half the bytes).
 
 The ratio ``gem / ceiling`` is the transport ratio; the target is >= 0.8 for every size.
 """
@@ -48,9 +55,8 @@ PRODUCERS = 2
 #: Bytes allowed in flight in the stream; bounds max_pending (and so Redis memory) for the
 #: large models, where 64 pending messages of 44 MB would not fit next to anything else.
 PENDING_BYTES = 256 * MB
-FULL_VARIANTS = ("ceiling", "gem", "ceiling_fp16", "gem_fp16", "ceiling_publish_every_4",
-                 "ceiling_publish_never")
-QUICK_VARIANTS = ("ceiling", "gem", "ceiling_fp16", "gem_fp16", "ceiling_publish_every_4")
+VARIANTS = ("ceiling", "gem", "ceiling_fp16", "gem_fp16", "ceiling_bf16", "gem_bf16")
+DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 
 
 @dataclass(frozen=True)
@@ -83,8 +89,9 @@ def produce(url: str, run_id: str, layout_id: str, worker_id: str, size: int, dt
     shutdown = graceful_shutdown()
     keys, client = RunKeys(run_id), redis.Redis.from_url(url)
     gradient = np.random.default_rng(seed).standard_normal(size, dtype=np.float32) * 1e-3
-    payload = msgpack.packb(gradient.astype(codec.WIRE_DTYPES[dtype]).tobytes(),
-                            use_bin_type=True)
+    elements = (codec.to_bfloat16_bits(gradient) if dtype == "bfloat16"
+                else gradient.astype(codec.WIRE_DTYPES[dtype]))
+    payload = msgpack.packb(elements.tobytes(), use_bin_type=True)
 
     def message(version: int) -> bytes:
         header = [codec.FORMAT_VERSION, run_id, worker_id, version, 64, 0.5, dtype, layout_id]
@@ -109,24 +116,25 @@ def produce(url: str, run_id: str, layout_id: str, worker_id: str, size: int, dt
     client.close()
 
 
-def bare_consume(url: str, run_id: str, size: int, read_batch: int,
-                 publish_every: int) -> None:
-    """The ceiling: move the batch and publish parameters; no validation, no rule."""
+def bare_consume(url: str, run_id: str, size: int, read_batch: int) -> None:
+    """The ceiling: move full batches and publish parameters; no validation, no rule."""
     shutdown = graceful_shutdown()
     keys, client = RunKeys(run_id), redis.Redis.from_url(url)
     params = np.zeros(size, np.float32).tobytes()
     client.set(keys.lease, "bare")
-    batches = consumed = 0
+    consumed = 0
     while not shutdown.is_set():
-        reply = client.xreadgroup(AGGREGATOR_GROUP, AGGREGATOR_CONSUMER,
-                                  {keys.gradients: ">"}, count=read_batch, block=100)
-        if not reply or not reply[0][1]:
+        ids: list[bytes] = []
+        while len(ids) < read_batch and not shutdown.is_set():
+            reply = client.xreadgroup(AGGREGATOR_GROUP, AGGREGATOR_CONSUMER,
+                                      {keys.gradients: ">"}, count=read_batch - len(ids),
+                                      block=100)
+            ids += [entry[0] for entry in reply[0][1]] if reply else []
+        if not ids:
             continue
-        ids = [entry[0] for entry in reply[0][1]]
-        batches, consumed = batches + 1, consumed + len(ids)
+        consumed += len(ids)
         pipe = client.pipeline(transaction=True)
-        if publish_every and batches % publish_every == 0:
-            pipe.set(keys.params(consumed), params)
+        pipe.set(keys.params(consumed), params)
         pipe.hset(keys.head, mapping={"version": consumed, "updates": consumed})
         pipe.xack(keys.gradients, AGGREGATOR_GROUP, *ids)
         pipe.xtrim(keys.gradients, minid=ids[-1])
@@ -142,7 +150,7 @@ def _prepare(client: redis.Redis, run_id: str, name: str, sizing: Sizing, dtype:
     if real_run:
         config = RunConfig(run_id=run_id, budget_updates=10**9, max_pending=sizing.max_pending,
                            read_batch=sizing.read_batch, history=sizing.history,
-                           wire_dtype=dtype)
+                           wire_dtype=dtype, publish_every=sizing.read_batch)
         RunStore(client, run_id).create(config, layout, np.zeros(layout.size, np.float32))
     else:
         keys = RunKeys(run_id)
@@ -155,7 +163,7 @@ def measure(url: str, client: redis.Redis, name: str, variant: str,
             window_s: float) -> dict[str, Any]:
     """Updates (messages consumed) per second of one consumer, the stream kept full."""
     sizing = Sizing.for_size(SIZES[name])
-    dtype = "float16" if variant.endswith("fp16") else "float32"
+    dtype = DTYPES.get(variant.rpartition("_")[2], "float32")
     real_run = variant.startswith("gem")
     run_id = f"bench-{name}-{variant.replace('_', '-')}"
     client.flushall()
@@ -176,9 +184,10 @@ def measure(url: str, client: redis.Redis, name: str, variant: str,
         stop(producers)
     rejected = {k.decode(): int(v) for k, v in client.hgetall(keys.counters).items()
                 if k.startswith(b"rejected:")}
-    return {"updates_per_s": round(rate, 2), "mb_per_s": round(rate * layout.size * (
-        2 if dtype == "float16" else 4) / MB, 1), "stream_fill": round(fill, 3),
-        "rejected": rejected}
+    itemsize = codec.WIRE_DTYPES[dtype].itemsize
+    return {"updates_per_s": round(rate, 2),
+            "mb_per_s": round(rate * layout.size * itemsize / MB, 1),
+            "stream_fill": round(fill, 3), "rejected": rejected}
 
 
 def _consumer(url: str, run_id: str, variant: str, sizing: Sizing) -> Any:
@@ -186,8 +195,7 @@ def _consumer(url: str, run_id: str, variant: str, sizing: Sizing) -> Any:
         from gemq.aggregator import aggregator_main
 
         return start(aggregator_main, url, run_id, 5000, name="aggregator")
-    publish_every = {"ceiling_publish_every_4": 4, "ceiling_publish_never": 0}.get(variant, 1)
-    return start(bare_consume, url, run_id, sizing.size, sizing.read_batch, publish_every,
+    return start(bare_consume, url, run_id, sizing.size, sizing.read_batch,
                  name="bare-consumer")
 
 
@@ -213,7 +221,7 @@ def _window(read: Any, client: redis.Redis, stream: str,
 
 def run(budget: Budget) -> dict[str, Any]:
     names = budget.pick(list(SIZES), ["cnn"])
-    variants = budget.pick(FULL_VARIANTS, QUICK_VARIANTS)
+    variants = VARIANTS
     #: The 11 M model moves a few updates per second: a longer window for as many samples.
     windows = {"cnn": budget.seconds(6.0, 1.0), "1m": budget.seconds(6.0, 1.0),
                "11m": budget.seconds(12.0, 2.0)}
@@ -247,20 +255,17 @@ def summarise(raw: dict[str, dict[str, Any]]) -> dict[str, Any]:
         return entry["updates_per_s"] if entry else None
 
     out: dict[str, Any] = {"transport_ratio": {}, "transport_ratio_spread": {},
-                           "transport_ratio_fp16": {},
-                           "wire_fp16_speedup": {}, "publication_potential": {},
-                           "runs": raw}
+                           "transport_ratio_fp16": {}, "transport_ratio_bf16": {},
+                           "wire_fp16_speedup": {}, "wire_bf16_speedup": {}, "runs": raw}
     for name in raw:
         out["transport_ratio"][name] = ratio(rate(name, "gem"), rate(name, "ceiling"))
         pairs = zip(raw[name]["gem"].get("repeats", []),
                     raw[name]["ceiling"].get("repeats", []), strict=True)
         out["transport_ratio_spread"][name] = [ratio(g, c) for g, c in pairs]
-        out["transport_ratio_fp16"][name] = ratio(rate(name, "gem_fp16"),
-                                                  rate(name, "ceiling_fp16"))
-        out["wire_fp16_speedup"][name] = ratio(rate(name, "gem_fp16"), rate(name, "gem"))
-        policy = {"every_4_batches_over_every_batch": "ceiling_publish_every_4",
-                  "never_over_every_batch": "ceiling_publish_never"}
-        out["publication_potential"][name] = {
-            key: ratio(rate(name, variant), rate(name, "ceiling"))
-            for key, variant in policy.items() if variant in raw[name]}
+        for short in DTYPES:
+            out[f"transport_ratio_{short}"][name] = ratio(rate(name, f"gem_{short}"),
+                                                          rate(name, f"ceiling_{short}"))
+            # > 1: the aggregator moves more updates per second with half the bytes.
+            out[f"wire_{short}_speedup"][name] = ratio(rate(name, f"gem_{short}"),
+                                                       rate(name, "gem"))
     return out

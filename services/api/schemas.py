@@ -27,7 +27,9 @@ class RunRequest(BaseModel):
     steps: int | None = Field(None, ge=1, le=10**9)
     max_staleness: int = Field(512, ge=0, le=10**6)
     max_pending: int = Field(64, ge=1, le=10**6)
-    wire_dtype: Literal["float32", "float16"] = "float32"
+    wire_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    publish_every: int = Field(1, ge=1, le=4096)
+    publish_interval_ms: int = Field(0, ge=0, le=60_000)
     start: bool = True
 
     @model_validator(mode="after")
