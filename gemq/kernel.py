@@ -8,7 +8,8 @@ AMD EPYC, AVX-512), GEM's update took 0.36 -> 0.06 ms for the paper CNN (163,790
 parameters), 2.4 -> 0.5 ms for 1 M and 97 -> 7.5 ms for 11 M (docs/performance.md).
 
 numba compiles it on first use (about 0.7 s) and caches the machine code next to this
-module, or under ``NUMBA_CACHE_DIR`` where that is not writable.
+module, or in the user's cache directory (``NUMBA_CACHE_DIR``) where that is not writable;
+with neither, every process compiles it again.
 
 The fastmath flags allow reassociation (the energy sums are vectorised, in float64) and
 contraction (fused multiply-add) and assume no NaN or infinity: every gradient is checked
@@ -16,6 +17,10 @@ finite and bounded before it gets here. Division stays exact (no approximate rec
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -26,7 +31,16 @@ GEM, CONSTANT, DELAY_COMPENSATED = 0, 1, 2
 _FASTMATH = {"reassoc", "contract", "nsz", "nnan", "ninf"}
 
 
-@njit(fastmath=_FASTMATH, boundscheck=False, nogil=True, error_model="numpy", cache=True)
+def _compiled(function: Callable[..., Any]) -> Any:
+    jit = functools.partial(njit, fastmath=_FASTMATH, boundscheck=False, nogil=True,
+                            error_model="numpy")
+    try:
+        return jit(function, cache=True)
+    except RuntimeError:  # no writable cache location at all: compile in every process
+        return jit(function, cache=False)
+
+
+@_compiled
 def update(theta: np.ndarray, gradient: np.ndarray, drift: np.ndarray, moment: np.ndarray,
            scale: np.ndarray, lr: np.float32, momentum: np.float32, kappa: np.float32,
            mode: int, a: np.float32, b: np.float32) -> tuple[float, float]:

@@ -7,7 +7,8 @@ version like a worker does). Only the consumer changes:
 - ``ceiling``: a bare consumer. XREADGROUP until it holds a full batch (``read_batch``
   entries), then in one MULTI: SET the parameter bytes, HSET the head version, XACK,
   XTRIM. No validation, no rule: the bytes the aggregator must move, moved as cheaply as
-  redis-py allows.
+  redis-py allows, through a client configured like gemq's own (``gemq.connection``: large
+  values sent uncopied, 1 MiB socket reads); the producers use it too, like workers.
 - ``gem``: the real aggregator process (gemq.aggregator) on a real run, GEM on, publishing
   once per ``read_batch`` updates (``publish_every``).
 
@@ -44,6 +45,7 @@ from benchmarks.perf.common import (
 )
 from gemq import codec
 from gemq.config import RunConfig
+from gemq.connection import connect
 from gemq.keys import AGGREGATOR_CONSUMER, AGGREGATOR_GROUP, RunKeys
 from gemq.layout import ParamLayout
 from gemq.process import graceful_shutdown
@@ -87,7 +89,7 @@ def produce(url: str, run_id: str, layout_id: str, worker_id: str, size: int, dt
             max_pending: int, seed: int) -> None:
     """Keep the stream at its bound with valid gradients (byte-identical to codec.encode)."""
     shutdown = graceful_shutdown()
-    keys, client = RunKeys(run_id), redis.Redis.from_url(url)
+    keys, client = RunKeys(run_id), connect(url, retries=0)
     gradient = np.random.default_rng(seed).standard_normal(size, dtype=np.float32) * 1e-3
     elements = (codec.to_bfloat16_bits(gradient) if dtype == "bfloat16"
                 else gradient.astype(codec.WIRE_DTYPES[dtype]))
@@ -119,7 +121,7 @@ def produce(url: str, run_id: str, layout_id: str, worker_id: str, size: int, dt
 def bare_consume(url: str, run_id: str, size: int, read_batch: int) -> None:
     """The ceiling: move full batches and publish parameters; no validation, no rule."""
     shutdown = graceful_shutdown()
-    keys, client = RunKeys(run_id), redis.Redis.from_url(url)
+    keys, client = RunKeys(run_id), connect(url)
     params = np.zeros(size, np.float32).tobytes()
     client.set(keys.lease, "bare")
     consumed = 0
