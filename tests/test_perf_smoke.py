@@ -62,3 +62,17 @@ def test_quick_suite_writes_well_formed_ratios(tmp_path: Path) -> None:
     assert all(v > 0 for v in ratios), ratios  # type: ignore[operator]
     assert {"every_batch", "every_25ms"} <= set(result["publication_policy"]["n2"])
     assert "ratio" in proc.stdout and "transport_ratio.cnn" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_cpu_split_tool_accounts_every_process() -> None:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.perf.cpu", "--workers", "2",
+                           "--seconds", "1", "--set", "publish_interval_ms=10"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("2 workers: ") and "steps/s" in lines[0]
+    labels = [line.split()[0] for line in lines[1:]]
+    assert labels == ["redis", "aggregator", "worker_process_0", "worker_process_1", "total"]
+    assert all(float(line.split()[1]) > 0 for line in lines[1:])

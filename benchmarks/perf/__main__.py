@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     for name in args.only or list(BENCHMARKS):
         started = time.monotonic()
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         print(f"== {name} ...", file=sys.stderr, flush=True)
         try:
             details[name] = BENCHMARKS[name].run(budget)
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             details[name] = {"error": f"{type(e).__name__}: {e}"}
             failed = True
         details[name]["seconds"] = round(time.monotonic() - started, 1)
+        details[name]["started"] = stamp
         for section in HEADLINES[name]:
             if section in details[name]:
                 result[section] = details[name][section]

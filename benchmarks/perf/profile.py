@@ -89,7 +89,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.perf.profile")
     parser.add_argument("target", choices=("aggregator", "worker"))
     parser.add_argument("--size", choices=tuple(transport.SIZES), default="cnn")
-    parser.add_argument("--dtype", choices=("float32", "float16"), default="float32")
+    parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"),
+                        default="float32")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--html", help="also write pyinstrument's HTML report here")
