@@ -28,16 +28,18 @@ METRICS_ENTRY_BYTES = 400  # one metrics row, generously (fields and stream over
 
 def run(budget: Budget) -> dict[str, Any]:
     counts, processes = budget.pick(((50, 100), 4), ((5, 10), 2))
-    runs = {workers: measure(workers, processes, budget.pick(3000, 120)) for workers in counts}
+    # --quick: a run of a second or two, so it is sampled 4x as often to fill every quarter.
+    runs = {workers: measure(workers, processes, budget.pick(3000, 300),
+                             budget.seconds(0.2, 0.05)) for workers in counts}
     return summarise(runs)
 
 
-def measure(workers: int, processes: int, updates: int) -> dict[str, Any]:
+def measure(workers: int, processes: int, updates: int, interval_s: float) -> dict[str, Any]:
     config = RunConfig(run_id=f"bench-scale-{workers}", budget_updates=updates)
     with private_redis() as (server, client):
         system = launch(server.url, client, config, workers, processes)
         pids = {"redis": server.process.pid if server.process else 0, **system.pids}
-        peaks = Peaks(pids, extra={
+        peaks = Peaks(pids, interval_s=interval_s, extra={
             "stream_length": lambda: client.xlen(system.store.keys.gradients),
             "redis_used_memory": lambda: client.info("memory")["used_memory"],
             "redis_clients_memory": lambda: client.info("memory")["mem_clients_normal"],
