@@ -79,6 +79,13 @@ def _add_training(parser: argparse.ArgumentParser) -> None:
                        help="mnist5k, digits, mnist-idx:DIR or module:factory")
     group.add_argument("--seed", type=int, default=0)
     group.add_argument("--max-staleness", type=int, default=512)
+    group.add_argument("--run", dest="run_id", default=None,
+                       help="run id; default: run-<date>-<time>-<random>")
+
+
+def _add_transport(parser: argparse.ArgumentParser) -> None:
+    """How gradients and parameters travel through Redis (not simulated by gemq simulate)."""
+    group = parser.add_argument_group("transport")
     group.add_argument("--max-pending", type=_positive_int, default=64,
                        help="workers wait while the stream holds more gradients than this")
     group.add_argument("--wire-dtype", choices=tuple(WIRE_DTYPES), default="float32",
@@ -90,8 +97,6 @@ def _add_training(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--publish-interval-ms", type=int,
                        default=_default("publish_interval_ms"),
                        help="...and this many ms have passed since it (0: no wait)")
-    group.add_argument("--run", dest="run_id", default=None,
-                       help="run id; default: run-<date>-<time>-<random>")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="train locally: Redis, aggregator and workers")
     _add_training(run)
+    _add_transport(run)
     _add_proxy(run)
     _add_redis(run, required=False)
     run.add_argument("--workers", type=_positive_int, default=4, help="logical workers")
@@ -115,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     create = commands.add_parser("create", help="create a run in Redis for remote workers")
     _add_training(create)
+    _add_transport(create)
     _add_proxy(create)
     _add_redis(create, required=True)
 

@@ -122,6 +122,21 @@ def test_steps_and_epochs_exclude_each_other(capsys: pytest.CaptureFixture[str])
     assert "not allowed with argument" in line
 
 
+def test_publication_policy_that_would_stall_workers(capsys: pytest.CaptureFixture[str]
+                                                     ) -> None:
+    line = assert_one_error(in_process(capsys, "run", "--publish-every", "40"), cli.EXIT_USAGE)
+    assert line == ("gemq: error: publish_every: must be at most max_pending / 2 (32), got 40: "
+                    "workers would wait for a publication that cannot come")
+
+
+@pytest.mark.parametrize("flag", ["--wire-dtype", "--publish-interval-ms", "--max-pending"])
+def test_simulate_refuses_transport_flags(capsys: pytest.CaptureFixture[str],
+                                          flag: str) -> None:
+    # The simulator moves no bytes: a transport setting would be silently ignored there.
+    line = assert_one_error(in_process(capsys, "simulate", flag, "5"), cli.EXIT_USAGE)
+    assert line == f"gemq: error: unrecognized arguments: {flag} 5 (see gemq --help)"
+
+
 def test_bad_env_value() -> None:
     result = gemq("run", env=_clean_env(GEMQ_LR="abc"))
     line = assert_one_error(result, cli.EXIT_USAGE)
