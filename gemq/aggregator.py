@@ -147,7 +147,6 @@ class Leader:
         self.rule: Rule = make_rule(config, layout.size)
         self.expected = codec.Expected(config.run_id, layout.layout_id, layout.size,
                                        config.wire_dtype, config.max_message_bytes)
-        self._drift = np.empty(layout.size, np.float32)
         self._last_heard: dict[str, float] = {}
         self._logged: set[tuple[str, str]] = set()
         self._window = BatchTally()
@@ -225,9 +224,7 @@ class Leader:
         except CodecError as e:
             self._reject(e, sender or UNKNOWN_WORKER, tally)
             return
-        np.subtract(self.theta, snapshot, out=self._drift)
-        stats = self.rule.apply(self.theta, msg.gradient, self._drift, msg.worker_id,
-                                staleness)
+        stats = self.rule.apply(self.theta, msg.gradient, snapshot, msg.worker_id, staleness)
         self.updates += 1
         self._last_heard[msg.worker_id] = time.monotonic()
         tally.applied_update(msg, staleness, stats.median_pi, stats.e_central, stats.e_proxy)

@@ -1,9 +1,10 @@
 """The element-wise update every rule makes, fused into one compiled loop.
 
 One pass over the parameters does what took numpy some fifteen: the moment, the scale
-(pi), the step on theta and both energies. Numpy needs a temporary array and a full trip
-through memory for every operation; the loop reads gradient, drift, moment and theta once
-and writes theta, moment and the scale once. Measured on the development machine (2-core
+(pi), the step on theta and both energies, and the drift ``theta - s`` they all start from.
+Numpy needs a temporary array and a full trip through memory for every operation; the loop
+reads gradient, snapshot, moment and theta once and writes theta, moment and the scale
+once. Measured on the development machine (2-core
 AMD EPYC, AVX-512), GEM's update took 0.36 -> 0.06 ms for the paper CNN (163,790
 parameters), 2.4 -> 0.5 ms for 1 M and 97 -> 7.5 ms for 11 M (docs/performance.md).
 
@@ -41,12 +42,14 @@ def _compiled(function: Callable[..., Any]) -> Any:
 
 
 @_compiled
-def update(theta: np.ndarray, gradient: np.ndarray, drift: np.ndarray, moment: np.ndarray,
-           scale: np.ndarray, lr: np.float32, momentum: np.float32, kappa: np.float32,
-           mode: int, a: np.float32, b: np.float32) -> tuple[float, float]:
+def update(theta: np.ndarray, gradient: np.ndarray, snapshot: np.ndarray,
+           moment: np.ndarray, scale: np.ndarray, lr: np.float32, momentum: np.float32,
+           kappa: np.float32, mode: int, a: np.float32, b: np.float32) -> tuple[float, float]:
     """Update ``theta``, ``moment`` and ``scale`` in place; return (E_central, E_proxy).
 
-    Per element, with ``delta = -lr * g``: ``m <- momentum * m + delta``; then the scale
+    Per element, with ``delta = -lr * g`` and ``drift = theta - snapshot`` (how far the
+    central variable moved since the worker read ``snapshot``): ``m <- momentum * m + delta``;
+    then the scale
 
     - GEM: ``pi = clip((kappa |m| - |drift|) / (|delta| + b), 0, a)`` (a = pi_max, b = eps);
     - CONSTANT: ``pi = a``;
@@ -63,7 +66,7 @@ def update(theta: np.ndarray, gradient: np.ndarray, drift: np.ndarray, moment: n
         delta = -lr * gradient[i]
         m = momentum * moment[i] + delta
         moment[i] = m
-        moved = drift[i]
+        moved = theta[i] - snapshot[i]
         if mode == GEM:
             pi = (kappa * abs(m) - abs(moved)) / (abs(delta) + b)
             pi = pi if pi > zero else zero

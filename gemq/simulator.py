@@ -81,7 +81,7 @@ class SimOptions:
 
 
 class Updater(Protocol):
-    def apply(self, theta: np.ndarray, gradient: np.ndarray, drift: np.ndarray,
+    def apply(self, theta: np.ndarray, gradient: np.ndarray, snapshot: np.ndarray,
               worker_id: str, staleness: int) -> UpdateStats: ...
 
     def last_scale(self) -> np.ndarray: ...
@@ -99,7 +99,7 @@ class MomentumProxy:
         self._delta = np.empty(size, np.float32)
         self._ones = np.ones(size, np.float32)
 
-    def apply(self, theta: np.ndarray, gradient: np.ndarray, drift: np.ndarray,
+    def apply(self, theta: np.ndarray, gradient: np.ndarray, snapshot: np.ndarray,
               worker_id: str, staleness: int) -> UpdateStats:
         self._moment *= self.momentum
         self._moment += np.multiply(gradient, -self.lr, out=self._delta)
@@ -254,7 +254,6 @@ class Simulator:
         for _ in self.ids:
             self.versions.read(0, self.theta)
         self.updates = self.gradients = self.rejected = 0
-        self.drift = np.empty(self.layout.size, np.float32)
         self.window, self.total = Window(), Window()
         self.curve: list[dict[str, float]] = []
         self.pi_tensors: list[dict[str, Any]] = []
@@ -299,9 +298,8 @@ class Simulator:
             np.copyto(self.net.values, snapshot)
             self._in_net = version
         loss = self.net.gradient(x, y)  # computed on s, the copy the worker read
-        np.subtract(self.theta, snapshot, out=self.drift)
-        stats = self.rule.apply(self.theta, self.net.grad_values, self.drift,
-                                self.ids[worker], staleness)
+        stats = self.rule.apply(self.theta, self.net.grad_values, snapshot, self.ids[worker],
+                                staleness)
         self.updates += 1
         mean_pi = float(self.rule.last_scale().mean())
         self.window.add(stats, loss, mean_pi)

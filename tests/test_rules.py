@@ -85,7 +85,7 @@ THETA2 = [3, -0.5, 2.5, 4.5]
 def test_gem_first_update_by_hand() -> None:
     rule = gem_case()
     theta = f32(THETA0)
-    stats = rule.apply(theta, G1, D1, "a", 0)
+    stats = rule.apply(theta, G1, theta - D1, "a", 0)
     np.testing.assert_array_equal(rule.last_scale(), f32(PI1))
     np.testing.assert_array_equal(theta, f32(THETA1))
     assert_stats(stats, staleness=0, median_pi=1.125, e_central=6.625, e_proxy=11.0)
@@ -94,8 +94,8 @@ def test_gem_first_update_by_hand() -> None:
 def test_gem_moment_accumulates_per_worker() -> None:
     rule = gem_case()
     theta = f32(THETA0)
-    rule.apply(theta, G1, D1, "a", 0)
-    stats = rule.apply(theta, G2, D2, "a", 2)
+    rule.apply(theta, G1, theta - D1, "a", 0)
+    stats = rule.apply(theta, G2, theta - D2, "a", 2)
     np.testing.assert_array_equal(rule.last_scale(), f32(PI2))
     np.testing.assert_array_equal(theta, f32(THETA2))
     assert_stats(stats, staleness=2, median_pi=0.75, e_central=3.28125, e_proxy=7.125)
@@ -105,13 +105,13 @@ def test_gem_moment_accumulates_per_worker() -> None:
 def test_gem_other_worker_starts_from_zero_moment() -> None:
     rule = gem_case()
     theta = f32(THETA0)
-    rule.apply(theta, G1, D1, "a", 0)
-    rule.apply(theta, G2, D2, "a", 2)
+    rule.apply(theta, G1, theta - D1, "a", 0)
+    rule.apply(theta, G2, theta - D2, "a", 2)
     # Worker "b" sends the first update's numbers: with a zero moment it gets exactly PI1.
     # (With a's moment [1, -1, -1.25, 0] it would get m = [1.5, -2.5, -1.125, 0.5],
     # kappa|m| = [3, 5, 2.25, 1], num = [3, 3.5, -0.75, 0.5], pi = [1.5, 1.5, 0, 1].)
     theta_b = f32(THETA0)
-    stats = rule.apply(theta_b, G1, D1, "b", 0)
+    stats = rule.apply(theta_b, G1, theta_b - D1, "b", 0)
     np.testing.assert_array_equal(rule.last_scale(), f32(PI1))
     np.testing.assert_array_equal(theta_b, f32(THETA1))
     assert_stats(stats, staleness=0, median_pi=1.125, e_central=6.625, e_proxy=11.0)
@@ -121,12 +121,12 @@ def test_gem_other_worker_starts_from_zero_moment() -> None:
 def test_forget_resets_the_moment() -> None:
     rule = gem_case()
     theta = f32(THETA0)
-    rule.apply(theta, G1, D1, "a", 0)
+    rule.apply(theta, G1, theta - D1, "a", 0)
     rule.forget("a")
     assert rule.workers == []
     rule.forget("never-seen")  # no error
     theta = f32(THETA0)
-    stats = rule.apply(theta, G1, D1, "a", 0)
+    stats = rule.apply(theta, G1, theta - D1, "a", 0)
     np.testing.assert_array_equal(rule.last_scale(), f32(PI1))
     np.testing.assert_array_equal(theta, f32(THETA1))
     assert_stats(stats, staleness=0, median_pi=1.125, e_central=6.625, e_proxy=11.0)
@@ -138,7 +138,7 @@ def test_downpour_by_hand() -> None:
     # g = [2, -4, 1]  ->  delta = [-1, 2, -0.5];  theta = [0, 4, 2.5]
     # drift = [0.5, -1, 0];  delta + drift = [-0.5, 1, -0.5]  ->  e_central = 1.5 / 2 = 0.75
     # m = delta  ->  e_proxy = 1/2 * 4 * (1 + 4 + 0.25) = 10.5;  pi = 1 everywhere
-    stats = rule.apply(theta, f32([2, -4, 1]), f32([0.5, -1, 0]), "w", 7)
+    stats = rule.apply(theta, f32([2, -4, 1]), theta - f32([0.5, -1, 0]), "w", 7)
     np.testing.assert_array_equal(theta, f32([0, 4, 2.5]))
     np.testing.assert_array_equal(rule.last_scale(), f32([1, 1, 1]))
     assert_stats(stats, staleness=7, median_pi=1.0, e_central=0.75, e_proxy=10.5)
@@ -146,7 +146,7 @@ def test_downpour_by_hand() -> None:
     # m = 0.5*[-1, 2, -0.5] + delta = [-0.5, 0, 0.25]
     #   ->  e_proxy = 1/2 * 4 * (0.25 + 0 + 0.0625) = 0.625
     # drift = [1, 0, -1];  delta + drift = [1, -1, -0.5]  ->  e_central = 2.25 / 2 = 1.125
-    stats = rule.apply(theta, f32([0, 2, -1]), f32([1, 0, -1]), "w", 1)
+    stats = rule.apply(theta, f32([0, 2, -1]), theta - f32([1, 0, -1]), "w", 1)
     np.testing.assert_array_equal(theta, f32([0, 3, 3]))
     assert_stats(stats, staleness=1, median_pi=1.0, e_central=1.125, e_proxy=0.625)
 
@@ -157,21 +157,21 @@ def test_adaptive_staleness_by_hand() -> None:
     # tau = 3  ->  pi = 1/4;  g = [2, -4, 8]  ->  delta = [-1, 2, -4];  step = [-0.25, 0.5, -1]
     # theta = [0.75, 2.5, 2];  drift = [0.25, 0, 1];  step + drift = [0, 0.5, 0]
     # e_central = 0.25 / 2 = 0.125;  e_proxy = (1 + 4 + 16) / 2 = 10.5
-    stats = rule.apply(theta, f32([2, -4, 8]), f32([0.25, 0, 1]), "w", 3)
+    stats = rule.apply(theta, f32([2, -4, 8]), theta - f32([0.25, 0, 1]), "w", 3)
     np.testing.assert_array_equal(theta, f32([0.75, 2.5, 2]))
     np.testing.assert_array_equal(rule.last_scale(), f32([0.25, 0.25, 0.25]))
     assert_stats(stats, staleness=3, median_pi=0.25, e_central=0.125, e_proxy=10.5)
     # tau = 0  ->  pi = 1;  g = [1, 1, 1]  ->  delta = [-0.5, -0.5, -0.5];  theta -= 0.5
     # drift = 0;  e_central = 3 * 0.25 / 2 = 0.375
     # m = 0.5*[-1, 2, -4] + delta = [-1, 0.5, -2.5]  ->  e_proxy = (1 + 0.25 + 6.25) / 2 = 3.75
-    stats = rule.apply(theta, f32([1, 1, 1]), f32([0, 0, 0]), "w", 0)
+    stats = rule.apply(theta, f32([1, 1, 1]), theta.copy(), "w", 0)
     np.testing.assert_array_equal(theta, f32([0.25, 2, 1.5]))
     assert_stats(stats, staleness=0, median_pi=1.0, e_central=0.375, e_proxy=3.75)
 
 
 def test_last_scale_is_read_only() -> None:
     rule = gem_case()
-    rule.apply(f32(THETA0), G1, D1, "a", 0)
+    rule.apply(f32(THETA0), G1, f32(THETA0) - D1, "a", 0)
     scale = rule.last_scale()
     with pytest.raises(ValueError):
         scale[0] = 0.0
@@ -233,9 +233,11 @@ def test_matches_float64_reference(algo: str, size: int) -> None:
         tau = int(rng.integers(0, 6))
         g = (rng.normal(0.0, 1.0, size) * rng.uniform(0.1, 3.0)).astype(np.float32)
         drift = (rng.normal(0.0, 0.05, size) * rng.uniform(0.0, 3.0)).astype(np.float32)
-        stats = rule.apply(theta, g, drift, worker, tau)
+        snapshot = theta - drift  # what the worker read, before the central variable moved
+        seen = theta.astype(np.float64) - snapshot  # the drift of the float32 state, exactly
+        stats = rule.apply(theta, g, snapshot, worker, tau)
         theta_ref, e_central, e_proxy, pi = ref.apply(
-            theta_ref, g.astype(np.float64), drift.astype(np.float64), worker, tau)
+            theta_ref, g.astype(np.float64), seen, worker, tau)
         np.testing.assert_allclose(theta, theta_ref, rtol=1e-4, atol=1e-6)
         # pi itself is ill-conditioned where |delta| is tiny (float32 error ~ ulp * |m|/|delta|):
         # compare it weighted by |delta|, which is what reaches theta.
@@ -288,11 +290,12 @@ def test_theta_in_place_and_gradient_untouched(algo: str) -> None:
     theta = f32(THETA0)
     theta_before = theta.copy()
     gradient = G1.copy()
-    drift = D1.copy()
-    stats = rule.apply(theta, gradient, drift, "a", 1)
+    snapshot = theta - D1
+    snapshot_before = snapshot.copy()
+    stats = rule.apply(theta, gradient, snapshot, "a", 1)
     assert isinstance(stats, UpdateStats)
     np.testing.assert_array_equal(gradient, G1)
-    np.testing.assert_array_equal(drift, D1)
+    np.testing.assert_array_equal(snapshot, snapshot_before)
     # apply returns no array: the update can only be seen through the caller's own object.
     expected = {"gem": f32(THETA1), "downpour": theta_before + 0.5 * -G1,
                 "adaptive": theta_before + 0.5 * 0.5 * -G1}[algo]

@@ -256,7 +256,7 @@ def test_dcasgd_by_hand() -> None:
     # step = -0.5 [6, -36, 1] = [-3, 18, -0.5];  pi = step / delta = [3, 9, 1]
     rule = DCASGD(3, lr=0.5, momentum=0.5, lam=2.0)
     theta = f32([1, 2, 3])
-    stats = rule.apply(theta, f32([2, -4, 1]), f32([0.5, -1, 0]), "w", 4)
+    stats = rule.apply(theta, f32([2, -4, 1]), theta - f32([0.5, -1, 0]), "w", 4)
     np.testing.assert_array_equal(theta, f32([-2, 20, 2.5]))
     np.testing.assert_array_equal(rule.last_scale(), f32([3, 9, 1]))
     assert stats.median_pi == 3.0 and stats.staleness == 4
@@ -265,7 +265,7 @@ def test_dcasgd_by_hand() -> None:
 def test_dcasgd_without_drift_is_downpour() -> None:
     rule = DCASGD(3, lr=0.5, momentum=0.5, lam=7.0)
     theta = f32([1, 2, 3])
-    rule.apply(theta, f32([2, -4, 1]), f32([0, 0, 0]), "w", 0)
+    rule.apply(theta, f32([2, -4, 1]), theta.copy(), "w", 0)
     np.testing.assert_array_equal(theta, f32([0, 4, 2.5]))
 
 
@@ -275,12 +275,12 @@ def test_global_proxy_shares_one_moment() -> None:
     #   global m = 0.5 [1, 1] + [1, -1] = [1.5, -0.5];  pi = clip(|m| / |delta|, 0, 5)
     #   = [1.5, 0.5];  theta_b = [1.5, -0.5]
     local, shared = GEM(2, lr=1, momentum=0.5), GlobalGEM(2, lr=1, momentum=0.5)
-    zero = f32([0, 0])
+    read = f32([0, 0])  # every worker read theta = [0, 0]: no drift
     for rule in (local, shared):
-        rule.apply(f32([0, 0]), f32([-1, -1]), zero, "a", 0)
+        rule.apply(f32([0, 0]), f32([-1, -1]), read, "a", 0)
     theta_local, theta_shared = f32([0, 0]), f32([0, 0])
-    local.apply(theta_local, f32([-1, 1]), zero, "b", 0)
-    shared.apply(theta_shared, f32([-1, 1]), zero, "b", 0)
+    local.apply(theta_local, f32([-1, 1]), read, "b", 0)
+    shared.apply(theta_shared, f32([-1, 1]), read, "b", 0)
     np.testing.assert_array_equal(theta_local, f32([1, -1]))
     np.testing.assert_array_equal(theta_shared, f32([1.5, -0.5]))
     assert shared.workers == ["a", "b"]
