@@ -14,6 +14,8 @@ from gemq.keys import is_valid_run_id
 ALGORITHMS = ("gem", "downpour", "adaptive", "dcasgd")
 PROXIES = ("local", "global")
 WIRE_DTYPES = ("float32", "float16", "bfloat16")
+#: DC-ASGD's lambda when the caller does not choose one (see docs/results/README.md).
+DCASGD_LAMBDA = 1.0
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gemq import kernel
-from gemq.config import RunConfig
+from gemq.config import DCASGD_LAMBDA, RunConfig
 from gemq.errors import ConfigError
 
 #: Medians of pi are taken over at most this many evenly spaced elements, once per update:
@@ -165,10 +165,6 @@ class GlobalGEM(GEM):
     def _moment(self, worker_id: str) -> np.ndarray:
         self._seen[worker_id] = None
         return self._global
-
-
-#: DC-ASGD's lambda when the caller does not choose one (see docs/results/README.md).
-DCASGD_LAMBDA = 1.0
 
 
 class DCASGD(Rule):

@@ -11,8 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from gemq.config import PROXIES, RunConfig
-from gemq.rules import DCASGD_LAMBDA
+from gemq.config import DCASGD_LAMBDA, PROXIES, RunConfig
 from gemq.staleness import STALENESS_KINDS, StalenessModel
 
 MAX_WORKERS = 100_000  # gemq.simulator.MAX_WORKERS, repeated here to keep torch out

@@ -34,13 +34,13 @@ from torch import nn
 from torch.utils.data import Dataset, Subset, TensorDataset
 from tqdm import tqdm
 
-from gemq.config import RunConfig
+from gemq.config import DCASGD_LAMBDA, RunConfig
 from gemq.data import DataSplit, load_dataset, minibatches, worker_seed
 from gemq.errors import ConfigError, GemqError
 from gemq.evaluate import evaluate
 from gemq.layout import ParamLayout
 from gemq.models import build_model, layout_of
-from gemq.rules import DCASGD_LAMBDA, UpdateStats, make_rule, median_sample
+from gemq.rules import UpdateStats, make_rule, median_sample
 from gemq.simresults import SimResult
 from gemq.staleness import Schedule, StalenessModel
 

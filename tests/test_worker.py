@@ -113,6 +113,14 @@ def test_the_aggregator_imports_without_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
+def test_worker_processes_do_not_import_the_aggregator_kernel() -> None:
+    # A local worker process is spawned: it imports the `gemq` script again, so gemq.cli.
+    # numba there would cost every worker process its import time and memory for nothing.
+    code = ("import sys, gemq.cli, gemq.worker\n"
+            "assert 'numba' not in sys.modules, 'numba was imported'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
 def test_allocator_keeps_freed_megabyte_buffers() -> None:
     # glibc here: the thresholds are set, and a freed 8 MB buffer is reused, not unmapped.
     import resource
