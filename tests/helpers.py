@@ -50,6 +50,13 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float = 30.0,
         time.sleep(0.02)
 
 
+def _sigint_default() -> None:
+    # As from a terminal. pytest started in the background of a non-interactive shell (a CI
+    # runner may do that) hands its children SIGINT ignored, and Python then never turns
+    # SIGINT into KeyboardInterrupt: a Ctrl-C test would see a process that rightly ignores it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class GemqProcess:
     """``python -m gemq ARGS`` as a child process; its output goes to a temporary file."""
 
@@ -58,7 +65,7 @@ class GemqProcess:
         # A session of its own: stop() reaps its children too (rq's work horses).
         self.process = subprocess.Popen([sys.executable, "-m", "gemq", *args],
                                         stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=_sigint_default)
 
     def output(self) -> str:
         return Path(self.log.name).read_text(errors="replace")
