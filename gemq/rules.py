@@ -78,8 +78,8 @@ class Rule:
 
         ``snapshot`` is the copy of the parameters the worker computed the gradient on
         (the drift is ``theta - snapshot``). ``theta``, ``snapshot`` and the gradient are
-        flat float32 arrays of the rule's size
-        (a gradient of another dtype, the simulator's, is widened first).
+        flat float32 arrays of the rule's size (a gradient of another dtype, the
+        simulator's, is widened first).
         """
         if gradient.dtype != np.float32 or not gradient.flags.c_contiguous:
             gradient = np.ascontiguousarray(gradient, dtype=np.float32)

@@ -63,10 +63,9 @@ def test_ctrl_c_stops_everything_and_the_private_redis(tmp_path: Path) -> None:
         try:
             code = process.wait(60)
         except subprocess.TimeoutExpired:
-            tree = subprocess.run(["ps", "-o", "pid,stat,wchan:20,args", "--ppid",
-                                   str(process.process.pid)], capture_output=True, text=True)
+            tree = _children(process.process.pid, "pid,stat,wchan:20,args")
             pytest.fail(f"gemq run still running 60 s after SIGINT; its children:\n"
-                        f"{tree.stdout}\nits output:\n{process.output()}")
+                        f"{tree}\nits output:\n{process.output()}")
         assert code == 130, process.output()
         assert "Traceback" not in process.output()
         wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in children),
@@ -82,8 +81,8 @@ def _descendants(pid: int) -> list[int]:
     return direct + [d for p in direct for d in _descendants(p)]
 
 
-def _children(pid: int) -> str:
-    return subprocess.run(["ps", "-o", "comm=", "--ppid", str(pid)], capture_output=True,
+def _children(pid: int, columns: str = "comm=") -> str:
+    return subprocess.run(["ps", "-o", columns, "--ppid", str(pid)], capture_output=True,
                           text=True).stdout
 
 
