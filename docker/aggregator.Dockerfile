@@ -23,7 +23,7 @@ COPY services ./services
 # without it.
 RUN pip install --no-deps . \
  && python -c "import importlib.util as u; assert u.find_spec('torch') is None, 'torch'" \
- && python -c "import services.aggregator, gemq.cli"
+ && python -c "import gemq.services.aggregator, gemq.cli"
 
 # ---- runtime: the environment only, as an unprivileged user ----------------------------
 FROM ${PYTHON_IMAGE}
@@ -42,6 +42,6 @@ USER 10001:10001
 STOPSIGNAL SIGTERM
 # The service touches GEMQ_HEARTBEAT_FILE (default /tmp/gemq-heartbeat) every 5 s.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
-  CMD ["python", "-m", "services.probe", "--max-age", "30"]
+  CMD ["python", "-m", "gemq.services.probe", "--max-age", "30"]
 ENTRYPOINT ["gemq"]
 CMD ["aggregator", "--serve"]

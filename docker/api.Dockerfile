@@ -9,32 +9,30 @@
 # Pinned by tag; add the digest when you mirror it (see worker.Dockerfile).
 ARG PYTHON_IMAGE=python:3.12.8-slim-bookworm
 
-# ---- build: torch (CPU), then gemq installed in place from /app -------------------------
+# ---- build: torch (CPU), then gemq with the bundled datasets ---------------------------
 FROM ${PYTHON_IMAGE} AS build
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
 RUN python -m venv /opt/venv \
  && pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
-WORKDIR /app
+WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gemq ./gemq
 COPY services ./services
 COPY web ./web
-# Installed in place (-e): the API finds the dashboard at <repository>/web, next to
-# services/, and web/ is not part of the Python package. /app is copied to the same path
-# below, so the installed path stays right. The check fails the build if it is not.
-RUN pip install --editable . \
- && python -c "from services.api.app import WEB_DIR as w; assert (w / 'index.html').is_file(), w"
+# The dashboard (web/) is package data of gemq (gemq.web); the check fails the build if the
+# installed package lacks it.
+RUN pip install "./[datasets]" \
+ && python -c "from gemq.services.api.app import WEB_DIR as w; assert (w / 'index.html').is_file(), w"
 
-# ---- runtime: the environment and /app, as an unprivileged user -------------------------
+# ---- runtime: the environment only, as an unprivileged user -----------------------------
 FROM ${PYTHON_IMAGE}
 # uid/gid 10001, the runAsUser of k8s/base; numeric USER lets runAsNonRoot verify it.
 RUN groupadd --system --gid 10001 gemq \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /tmp \
             --shell /usr/sbin/nologin gemq
 COPY --from=build /opt/venv /opt/venv
-COPY --from=build /app /app
 # Settings are GEMQ_* variables given at run time (k8s/base/config/api.env): without
 # GEMQ_API_TOKEN the API listens on 127.0.0.1 only, so `docker run` needs
 # -e GEMQ_API_TOKEN=... -e GEMQ_HOST=0.0.0.0 to be reachable (docker/README.md).

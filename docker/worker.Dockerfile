@@ -12,7 +12,7 @@ ARG PYTHON_IMAGE=python:3.12.8-slim-bookworm
 
 # ---- build: a virtual environment with torch, gemq and its dependencies ----------------
 FROM ${PYTHON_IMAGE} AS build
-# The torch release pyproject.toml pins, from PyTorch's index of CPU-only wheels: PyPI's
+# The torch release constraints.txt pins, from PyTorch's index of CPU-only wheels: PyPI's
 # Linux wheel depends on several GB of CUDA libraries a CPU worker never loads.
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
@@ -23,10 +23,10 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gemq ./gemq
 COPY services ./services
-# gemq itself and the rest of its dependencies (the torch above satisfies the pin: a local
-# version like 2.13.0+cpu matches ==2.13.0).
-RUN pip install . \
- && python -c "import torch, gemq.worker, services.worker; print('torch', torch.__version__)"
+# gemq itself, the bundled datasets and the rest of its dependencies (the torch above
+# satisfies pyproject.toml's range, so pip keeps it).
+RUN pip install "./[datasets]" \
+ && python -c "import torch, gemq.worker, gemq.services.worker; print('torch', torch.__version__)"
 
 # ---- runtime: the environment only, as an unprivileged user ----------------------------
 FROM ${PYTHON_IMAGE}
@@ -46,6 +46,6 @@ USER 10001:10001
 STOPSIGNAL SIGTERM
 # The service touches GEMQ_HEARTBEAT_FILE (default /tmp/gemq-heartbeat) every 5 s.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
-  CMD ["python", "-m", "services.probe", "--max-age", "30"]
+  CMD ["python", "-m", "gemq.services.probe", "--max-age", "30"]
 ENTRYPOINT ["gemq"]
 CMD ["worker", "--follow"]

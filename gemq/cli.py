@@ -251,8 +251,8 @@ def _cmd_create(args: argparse.Namespace) -> int:
 
 def _cmd_aggregator(args: argparse.Namespace) -> int:
     if args.serve:
-        from services.aggregator import serve
-        from services.settings import AggregatorServiceSettings, load
+        from gemq.services.aggregator import serve
+        from gemq.services.settings import AggregatorServiceSettings, load
 
         serve(load(AggregatorServiceSettings, redis_url=args.redis_url,
                    lease_ms=args.lease_ms))
@@ -277,8 +277,8 @@ def _cmd_aggregator(args: argparse.Namespace) -> int:
 def _cmd_worker(args: argparse.Namespace) -> int:
     if args.follow:
         from gemq.process import graceful_shutdown
-        from services.settings import WorkerServiceSettings, load
-        from services.worker import follow
+        from gemq.services.settings import WorkerServiceSettings, load
+        from gemq.services.worker import follow
 
         settings = load(WorkerServiceSettings, redis_url=args.redis_url, run=args.run_id,
                         workers=args.workers, device=args.device)
@@ -324,8 +324,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from services.api.app import serve
-    from services.settings import ApiSettings, load
+    from gemq.services.api.app import serve
+    from gemq.services.settings import ApiSettings, load
 
     serve(load(ApiSettings, redis_url=args.redis_url, host=args.host, port=args.port))
     return 0

@@ -5,7 +5,7 @@ rq alone cannot do the second part: when the pod running a job dies, rq only mar
 abandoned. So every replica also watches for running runs whose lease has expired and leads
 them itself; the lease and its fencing keep two replicas from ever writing one run at once.
 
-``gemq aggregator --serve`` or ``python -m services.aggregator``. Needs numpy, not torch.
+``gemq aggregator --serve`` or ``python -m gemq.services.aggregator``. Needs numpy, not torch.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from gemq.connection import TRANSIENT_ERRORS, Backoff, connect, redact
 from gemq.errors import GemqError, RunNotFound
 from gemq.process import setup_logging
 from gemq.store import RUNNING, RunStore, run_ids
-from services.jobs import queue
-from services.probe import start_heartbeat
-from services.settings import AggregatorServiceSettings, load
+from .jobs import queue
+from .probe import start_heartbeat
+from .settings import AggregatorServiceSettings, load
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Probes for Kubernetes exec checks of the aggregator and worker services.
 
 A service touches its heartbeat file every few seconds from a daemon thread while the process
-and its Python runtime are alive; ``python -m services.probe --max-age 30`` exits 0 if the
+and its Python runtime are alive; ``python -m gemq.services.probe --max-age 30`` exits 0 if the
 file is fresh (liveness), and ``--redis`` also checks that Redis answers (readiness).
 """
 
@@ -53,7 +53,7 @@ def check(path: str, max_age_s: float, redis_url: str | None) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.probe")
+    parser = argparse.ArgumentParser(prog="python -m gemq.services.probe")
     parser.add_argument("--file", default=os.environ.get("GEMQ_HEARTBEAT_FILE",
                                                          DEFAULT_HEARTBEAT_FILE))
     parser.add_argument("--max-age", type=float, default=30.0, help="seconds")

@@ -50,7 +50,7 @@ class ApiSettings(_GemqSettings):
 class AggregatorServiceSettings(_GemqSettings):
     aggregator_queue: str = "gemq-aggregator"
     lease_ms: int = Field(5000, ge=100)
-    #: Touched every few seconds while alive; `python -m services.probe` checks it.
+    #: Touched every few seconds while alive; `python -m gemq.services.probe` checks it.
     heartbeat_file: str = "/tmp/gemq-heartbeat"
 
 
@@ -62,7 +62,7 @@ class WorkerServiceSettings(_GemqSettings):
     device: str = "cpu"
     #: How often (s) an idle worker service looks for a running run.
     poll_s: float = Field(1.0, gt=0)
-    #: Touched every few seconds while alive; `python -m services.probe` checks it.
+    #: Touched every few seconds while alive; `python -m gemq.services.probe` checks it.
     heartbeat_file: str = "/tmp/gemq-heartbeat"
 
 

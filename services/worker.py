@@ -1,6 +1,6 @@
 """The worker service: stays up between runs, joins whichever run is running.
 
-``gemq worker --follow`` or ``python -m services.worker``. It waits for a running run,
+``gemq worker --follow`` or ``python -m gemq.services.worker``. It waits for a running run,
 works on it until it ends, then waits for the next one.
 """
 
@@ -19,8 +19,8 @@ from gemq.errors import GemqError, RunNotFound
 from gemq.process import graceful_shutdown, setup_logging
 from gemq.store import RUNNING, RunStore, run_ids
 from gemq.worker import WorkerOptions, run_workers
-from services.probe import start_heartbeat
-from services.settings import WorkerServiceSettings, load
+from .probe import start_heartbeat
+from .settings import WorkerServiceSettings, load
 
 log = logging.getLogger(__name__)
 

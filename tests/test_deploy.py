@@ -40,8 +40,8 @@ from gemq.config import RunConfig
 from gemq.embedded import EmbeddedRedis, find_redis_server, free_port
 from gemq.errors import ConfigError
 from gemq.runs import create_run
-from services.api.app import check_binding, create_app
-from services.settings import (
+from gemq.services.api.app import check_binding, create_app
+from gemq.services.settings import (
     PLACEHOLDER_SECRETS,
     AggregatorServiceSettings,
     ApiSettings,
@@ -378,12 +378,17 @@ def test_image_entry_points_exist(base: Manifests, workload: str) -> None:
         "settings are given at run time, by the manifests"
 
 
-def test_images_install_what_pyproject_pins() -> None:
+def test_images_install_the_torch_the_constraints_pin() -> None:
+    pins = [Requirement(line) for line in (ROOT / "constraints.txt").read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+    (torch_pin,) = [p for p in pins if p.name == "torch"]
+    (version,) = [s.version for s in torch_pin.specifier if s.operator == "=="]
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    (torch_pin,) = [d for d in project["dependencies"] if d.startswith("torch")]
+    (supported,) = [Requirement(d) for d in project["dependencies"] if d.startswith("torch")]
+    assert version in supported.specifier, "the pinned torch must be in the supported range"
     for name in ("worker.Dockerfile", "api.Dockerfile"):
         args = [rest for word, rest in _instructions(DOCKER / name) if word == "ARG"]
-        assert f"TORCH_VERSION={torch_pin.removeprefix('torch==')}" in args, name
+        assert f"TORCH_VERSION={version}" in args, name
     steps = _instructions(DOCKER / "aggregator.Dockerfile")
     runs = " ".join(rest for word, rest in steps if word == "RUN")
     assert "pip install --no-deps ." in runs and "torch" not in _requirements()
@@ -460,7 +465,7 @@ class OnlyTheImage(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, OnlyTheImage())
-import gemq.cli, services.aggregator  # noqa: E401
+import gemq.cli, gemq.services.aggregator  # noqa: E401
 print(json.dumps(sorted({m.partition(".")[0] for m, v in sys.modules.items() if v})))
 """
 
@@ -473,7 +478,7 @@ def test_the_aggregator_service_imports_with_only_its_image_requirements() -> No
     assert "torch" not in closure
     providers = importlib.metadata.packages_distributions()
     image = {module for module, dists in providers.items()
-             if {_canonical(d) for d in dists} & closure} | {"gemq", "services"}
+             if {_canonical(d) for d in dists} & closure} | {"gemq"}
     out = subprocess.run([sys.executable, "-c", IMAGE_IMPORTS, json.dumps(sorted(image))],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr

@@ -223,7 +223,7 @@ def test_standby_service_takes_over_when_the_job_pod_dies(redis_server: Embedded
                                                           redis_client: redis.Redis) -> None:
     from gemq.config import RunConfig
     from gemq.runs import create_run
-    from services.jobs import enqueue_aggregation
+    from gemq.services.jobs import enqueue_aggregation
 
     url = redis_server.url
     services = [GemqProcess("aggregator", "--serve", "--redis-url", url, "--lease-ms", "800")

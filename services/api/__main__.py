@@ -1,3 +1,3 @@
-from services.api.app import main
+from .app import main
 
 main()

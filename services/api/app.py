@@ -1,7 +1,8 @@
-"""The API + dashboard service (FastAPI). ``gemq serve`` or ``python -m services.api``."""
+"""The API + dashboard service (FastAPI). ``gemq serve`` or ``python -m gemq.services.api``."""
 
 from __future__ import annotations
 
+import importlib.resources
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -16,11 +17,12 @@ from gemq import __version__
 from gemq.connection import TRANSIENT_ERRORS, connect, redact
 from gemq.errors import GemqError
 from gemq.process import setup_logging
-from services.api.routes import events, health, metrics, runs
-from services.settings import LOOPBACK, ApiSettings, load
+from .routes import events, health, metrics, runs
+from ..settings import LOOPBACK, ApiSettings, load
 
 log = logging.getLogger(__name__)
-WEB_DIR = Path(__file__).resolve().parents[2] / "web"
+#: The dashboard's files: web/ in the repository, installed as the package gemq.web.
+WEB_DIR = Path(str(importlib.resources.files("gemq.web")))
 
 
 def create_app(settings: ApiSettings) -> FastAPI:

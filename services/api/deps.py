@@ -11,7 +11,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from gemq.keys import is_valid_run_id
 from gemq.store import RunStore
-from services.settings import ApiSettings
+from ..settings import ApiSettings
 
 _bearer = HTTPBearer(auto_error=False)
 #: A Redis stream id whose two parts fit Redis' unsigned 64-bit integers (19 digits do).

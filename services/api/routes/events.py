@@ -12,8 +12,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from gemq.store import RunStore
-from services.api import views
-from services.api.deps import STREAM_ID, Reader, Store
+from .. import views
+from ..deps import STREAM_ID, Reader, Store
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 #: Seconds between two pushes.

@@ -6,7 +6,7 @@ import redis
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from services.api.deps import RedisClient
+from ..deps import RedisClient
 
 router = APIRouter(tags=["health"])
 

@@ -12,8 +12,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gemq.store import RunStore, now_ms, run_ids
-from services.api import views
-from services.api.deps import RedisClient
+from .. import views
+from ..deps import RedisClient
 
 router = APIRouter(tags=["health"])
 #: Runs exported per scrape, newest first.

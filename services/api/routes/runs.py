@@ -16,10 +16,10 @@ from gemq.errors import ConfigError, SpecError
 from gemq.runs import budget_for, create_run, new_run_id
 from gemq.specs import is_import_spec
 from gemq.store import CREATED, ENDED, RunStore
-from services.api import views
-from services.api.deps import AUTH_ERRORS, STREAM_ID, Reader, RedisClient, Settings, Store, Writer
-from services.api.schemas import RunRequest
-from services.jobs import enqueue_aggregation
+from .. import views
+from ..deps import AUTH_ERRORS, STREAM_ID, Reader, RedisClient, Settings, Store, Writer
+from ..schemas import RunRequest
+from ...jobs import enqueue_aggregation
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such run"}}
