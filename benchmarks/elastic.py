@@ -57,9 +57,9 @@ import redis
 from gemq.config import RunConfig
 from gemq.embedded import EmbeddedRedis
 from gemq.runs import create_run
-from gemq.store import RUNNING, STOPPED, RunStore, now_ms
 from gemq.services.api.views import ACTIVE_WINDOW_MS, worker_view
 from gemq.services.jobs import enqueue_aggregation
+from gemq.store import RunState, RunStore, now_ms
 
 DEFAULT_SCHEDULE = (2, 8, 3)
 DEFAULT_OUT = Path("docs/elastic.png")
@@ -260,7 +260,7 @@ class Recorder:
                            "active_workers": int(row["active_workers"])}
             self.record.rows.append(self.latest)
         self.states = self.store.worker_states()
-        view = self.store.worker_view()  # head, stream length and state in one round trip
+        view = self.store.step_view()  # head, stream length and state in one round trip
         now = now_ms()
         table = [worker_view(w, s, now) for w, s in self.states.items()]
         self.record.samples.append({"t_s": self.t(now), "processes": len(procs.workers),
@@ -336,8 +336,8 @@ def _scale_through(store: RunStore, procs: Processes, record: Record,
     for phase in record.phases:
         _summarise(phase, record)
     store.request_stop()
-    _wait(lambda: store.state() != RUNNING, 30, "the run to stop")
-    if store.state() != STOPPED:
+    _wait(lambda: store.state() != RunState.RUNNING, 30, "the run to stop")
+    if store.state() != RunState.STOPPED:
         raise RuntimeError(f"run {store.run_id} ended {store.state()!r}, not stopped")
 
 

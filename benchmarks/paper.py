@@ -3,7 +3,7 @@
     python -m benchmarks.paper            # the full set: paper CNN, mnist5k, 3 seeds
     python -m benchmarks.paper --quick    # a smoke test of the whole pipeline, seconds
 
-Every run is ``gemq.simulator.simulate`` (the aggregator's own rule objects) under the
+Every run is ``gemq.sim.engine.simulate`` (the aggregator's own rule objects) under the
 round-robin staleness model: every update is exactly n-1 updates stale, the paper's expected
 case. Each setting runs once per seed; figures show the mean and the min-max band, the table
 the mean and the range. Budgets follow the paper: each worker contributes one epoch of data
@@ -42,7 +42,9 @@ from benchmarks.paper_plan import (
 from gemq.config import RunConfig
 from gemq.data import DataSplit, load_dataset, minibatches, worker_seed
 from gemq.models import build_model
-from gemq.simulator import SimOptions, SimResult, deterministic_torch, simulate
+from gemq.sim.engine import deterministic_torch, simulate
+from gemq.sim.options import SimOptions
+from gemq.sim.results import SimResult
 
 FULL = Plan()
 QUICK = Plan(ns=(2, 4), n_large=8, steps_per_worker=4, seeds=(0, 1), n_lr=3, n_kappa=3,

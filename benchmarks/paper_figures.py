@@ -25,7 +25,7 @@ from benchmarks.paper_plan import (  # noqa: E402
     Setting,
     Variant,
 )
-from gemq.simulator import SimResult  # noqa: E402
+from gemq.sim.results import SimResult  # noqa: E402
 
 Runs = dict[Setting, list[SimResult]]
 COLORS = {GEM: "tab:blue", DOWNPOUR: "tab:red", ADAPTIVE: "tab:green", GLOBAL: "tab:purple",

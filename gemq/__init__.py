@@ -1,14 +1,23 @@
-"""gemq: asynchronous PyTorch training over Redis Streams with Gradient Energy Matching."""
+"""gemq: asynchronous PyTorch training over Redis Streams with Gradient Energy Matching.
+
+``gemq.train(...)`` trains locally (gemq.local.train). ``import gemq`` itself stays light:
+torch is imported when ``train`` is first looked up, so the aggregator never loads it.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+__all__ = ["__version__", "train"]
+
+if TYPE_CHECKING:
+    from gemq.local import train
 
 
-def train(**kwargs: Any) -> dict[str, Any]:
-    """Train locally on a private Redis; see :func:`gemq.local.train`."""
-    from gemq.local import train as _train  # torch is imported only by those who train
+def __getattr__(name: str) -> Any:
+    if name == "train":
+        from gemq.local import train
 
-    return _train(**kwargs)
+        return train
+    raise AttributeError(f"module 'gemq' has no attribute {name!r}")

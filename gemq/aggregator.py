@@ -31,18 +31,10 @@ from gemq.errors import CodecError, FencedError, RunLost, RunNotFound
 from gemq.keys import is_valid_worker_id
 from gemq.layout import ParamLayout
 from gemq.process import graceful_shutdown, keep_freed_memory, setup_logging
-from gemq.rules import TENSOR_MEDIAN_SAMPLE, Rule, make_rule, median_sample
+from gemq.rules import TENSOR_MEDIAN_SAMPLE, Rule, UpdateStats, make_rule, median_sample
 from gemq.snapshots import SnapshotHistory
-from gemq.store import (
-    ENDED,
-    FINISHED,
-    STOPPED,
-    BatchRead,
-    CommitPlan,
-    ReadRequest,
-    RunStore,
-    now_ms,
-)
+from gemq.store import ENDED, BatchRead, CommitPlan, ReadRequest, RunState, RunStore, now_ms
+from gemq.tally import UpdateTally
 
 log = logging.getLogger(__name__)
 
@@ -64,19 +56,17 @@ class AggregatorOptions:
 
 
 @dataclass
-class BatchTally:
-    """What one batch did, accumulated while its entries are processed."""
+class CommitWindow:
+    """What the open window did: its updates, its counters and its workers' changes, all
+    committed in one atomic step when the window closes."""
 
-    applied: int = 0
-    samples: int = 0
-    loss_sum: float = 0.0
-    e_central: float = 0.0
-    e_proxy: float = 0.0
-    median_pi_sum: float = 0.0
-    staleness_sum: int = 0
-    staleness_max: int = 0
+    tally: UpdateTally = field(default_factory=UpdateTally)
     counters: dict[str, int] = field(default_factory=dict)
     workers: dict[str, tuple[dict[str, object], dict[str, int]]] = field(default_factory=dict)
+
+    @property
+    def applied(self) -> int:
+        return self.tally.updates
 
     def _worker(self, worker_id: str) -> tuple[dict[str, object], dict[str, int]]:
         return self.workers.setdefault(worker_id, ({}, {}))
@@ -87,33 +77,24 @@ class BatchTally:
             incr = self._worker(worker_id)[1]
             incr[name] = incr.get(name, 0) + 1
 
-    def applied_update(self, msg: codec.GradientMessage, staleness: int, median_pi: float,
-                       e_central: float, e_proxy: float) -> None:
-        self.applied += 1
-        self.samples += msg.samples
-        self.loss_sum += msg.loss * msg.samples
-        self.e_central += e_central
-        self.e_proxy += e_proxy
-        self.median_pi_sum += median_pi
-        self.staleness_sum += staleness
-        self.staleness_max = max(self.staleness_max, staleness)
+    def applied_update(self, msg: codec.GradientMessage, stats: UpdateStats) -> None:
+        self.tally.add(stats, msg.loss, msg.samples)
         self.count("applied", msg.worker_id)
         fields, incr = self._worker(msg.worker_id)
-        fields.update(last_staleness=staleness, last_update_ms=now_ms(),
+        fields.update(last_staleness=stats.staleness, last_update_ms=now_ms(),
                       last_loss=f"{msg.loss:.6g}")
-        incr["staleness_sum"] = incr.get("staleness_sum", 0) + staleness
+        incr["staleness_sum"] = incr.get("staleness_sum", 0) + stats.staleness
 
     def metrics(self, updates: int, active_workers: int,
                 pi_tensors: list[float] | None) -> dict[str, object]:
-        n = max(self.applied, 1)
-        ratio = self.e_central / self.e_proxy if self.e_proxy > 0 else float("nan")
+        means = self.tally.means()
         row: dict[str, object] = {
             "t_ms": now_ms(), "updates": updates, "applied": self.applied,
             "rejected": sum(v for k, v in self.counters.items() if k.startswith("rejected:")),
-            "loss": f"{self.loss_sum / max(self.samples, 1):.6g}",
-            "energy_ratio": f"{ratio:.6g}", "median_pi": f"{self.median_pi_sum / n:.6g}",
-            "staleness_mean": f"{self.staleness_sum / n:.4g}",
-            "staleness_max": self.staleness_max, "active_workers": active_workers,
+            "loss": f"{means['loss']:.6g}", "energy_ratio": f"{means['energy_ratio']:.6g}",
+            "median_pi": f"{means['median_pi']:.6g}",
+            "staleness_mean": f"{means['staleness_mean']:.4g}",
+            "staleness_max": self.tally.staleness_max, "active_workers": active_workers,
         }
         if pi_tensors is not None:
             row["pi_tensors"] = json.dumps([round(p, 5) for p in pi_tensors])
@@ -149,7 +130,7 @@ class Leader:
                                        config.wire_dtype, config.max_message_bytes)
         self._last_heard: dict[str, float] = {}
         self._logged: set[tuple[str, str]] = set()
-        self._window = BatchTally()
+        self._window = CommitWindow()
         self._ack: list[str] = []
         self._published_at = time.monotonic()
         self._pi_tensors_at = -math.inf
@@ -191,20 +172,20 @@ class Leader:
 
     def close(self) -> CommitPlan:
         """The plan that commits the open window; a new window opens."""
-        tally, ack = self._window, self._ack
-        self._window, self._ack = BatchTally(), []
-        publish = tally.applied > 0
+        window, ack = self._window, self._ack
+        self._window, self._ack = CommitWindow(), []
+        publish = window.applied > 0
         dropped: list[int] = []
         if publish:
             self.version = self.updates
             dropped = self.history.add(self.version, self.theta)
             self._published_at = time.monotonic()
         self._expire_silent_workers()
-        metrics = (tally.metrics(self.updates, len(self.rule.workers), self._pi_tensors())
+        metrics = (window.metrics(self.updates, len(self.rule.workers), self._pi_tensors())
                    if publish else {})
         plan = CommitPlan(version=self.version, updates=self.updates, prev_id=self.prev_id,
                           last_id=self.last_id, ack=ack, publish=publish, drop=dropped,
-                          metrics=metrics, counters=tally.counters, workers=tally.workers)
+                          metrics=metrics, counters=window.counters, workers=window.workers)
         self.prev_id = self.last_id
         return plan
 
@@ -214,7 +195,7 @@ class Leader:
         return self.close()
 
     def _process_one(self, message: bytes | None, sender: str | None,
-                     tally: BatchTally) -> None:
+                     window: CommitWindow) -> None:
         try:
             msg = codec.decode(message if message is not None else b"", self.expected)
             if sender is not None and sender != msg.worker_id:
@@ -222,12 +203,12 @@ class Leader:
                                                    f"differs from sender {sender!r}")
             staleness, snapshot = self._snapshot_for(msg.param_version)
         except CodecError as e:
-            self._reject(e, sender or UNKNOWN_WORKER, tally)
+            self._reject(e, sender or UNKNOWN_WORKER, window)
             return
         stats = self.rule.apply(self.theta, msg.gradient, snapshot, msg.worker_id, staleness)
         self.updates += 1
         self._last_heard[msg.worker_id] = time.monotonic()
-        tally.applied_update(msg, staleness, stats.median_pi, stats.e_central, stats.e_proxy)
+        window.applied_update(msg, stats)
 
     def _snapshot_for(self, version: int) -> tuple[int, np.ndarray]:
         if version > self.version:
@@ -240,8 +221,8 @@ class Leader:
                                               "updates ago")
         return staleness, snapshot
 
-    def _reject(self, error: CodecError, worker_id: str, tally: BatchTally) -> None:
-        tally.count(f"rejected:{error.reason}", worker_id)
+    def _reject(self, error: CodecError, worker_id: str, window: CommitWindow) -> None:
+        window.count(f"rejected:{error.reason}", worker_id)
         if (worker_id, error.reason) not in self._logged:
             self._logged.add((worker_id, error.reason))
             log.warning("run %s: rejected a gradient from %s: %s (logged once per worker "
@@ -353,7 +334,8 @@ class Aggregator:
         while True:
             leader.absorb([(entry_id, _field(f, b"m"), _sender(f))
                            for entry_id, f in read.entries])
-            final = FINISHED if leader.budget_spent else STOPPED if read.stop_requested else None
+            final = (RunState.FINISHED if leader.budget_spent
+                     else RunState.STOPPED if read.stop_requested else None)
             idle = not read.entries  # nothing came while blocked: flush what is open
             if final or shutdown.is_set():
                 last = leader.close()

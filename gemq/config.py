@@ -1,11 +1,20 @@
-"""Run configuration: one validated dataclass shared by every process of a run."""
+"""Run configuration: one validated dataclass shared by every process of a run.
+
+This module is the one home of every run setting's default, range, choices and help text.
+The ``gemq`` flags (gemq/cliargs.py), the API's request schema (gemq.services.api.schemas)
+and the dashboard's start form (``GET /api/settings``) are all built from ``USER_SETTINGS``,
+and every one of them turns what the user gave into a ``RunConfig`` through ``make_config``.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
-from dataclasses import dataclass
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from gemq.errors import ConfigError
@@ -16,6 +25,70 @@ PROXIES = ("local", "global")
 WIRE_DTYPES = ("float32", "float16", "bfloat16")
 #: DC-ASGD's lambda when the caller does not choose one (see docs/results/README.md).
 DCASGD_LAMBDA = 1.0
+#: The budget when the user gives neither epochs nor steps.
+DEFAULT_EPOCHS = 10.0
+#: Groups of user settings: how the CLI's --help, the API docs and the form arrange them.
+TRAINING, BUDGET, TRANSPORT = "training", "budget", "transport"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting a user may give: its type, default, range or choices, and help."""
+
+    name: str
+    kind: type
+    default: Any
+    help: str
+    group: str = TRAINING
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    choices: tuple[str, ...] | None = None
+    max_length: int | None = None
+
+    def check(self, value: Any) -> None:
+        """Raise ConfigError naming the setting unless ``value`` is allowed."""
+        if self.choices is not None and value not in self.choices:
+            raise ConfigError(self.name, f"must be one of {', '.join(self.choices)}; "
+                                         f"got {value!r}")
+        if self.kind is str:
+            if not value.strip():
+                raise ConfigError(self.name, "must not be empty")
+            if self.max_length is not None and len(value) > self.max_length:
+                raise ConfigError(self.name, f"at most {self.max_length} characters")
+        if self.low is not None and self.high is not None:
+            self._check_range(value)
+
+    def _check_range(self, value: float) -> None:
+        assert self.low is not None and self.high is not None
+        if not math.isfinite(value):
+            raise ConfigError(self.name, f"must be finite, got {value}")
+        too_low = value <= self.low if self.low_open else value < self.low
+        too_high = value >= self.high if self.high_open else value > self.high
+        if too_low or too_high:
+            raise ConfigError(self.name, f"must be in {self.range_text()}, got {value:g}")
+
+    def range_text(self) -> str:
+        left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+        return f"{left}{self.low:g}, {self.high:g}{right}"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON description the dashboard builds its form from."""
+        kind = {int: "integer", float: "number", str: "string"}[self.kind]
+        return {"name": self.name, "type": kind, "default": self.default, "help": self.help,
+                "group": self.group, "choices": list(self.choices) if self.choices else None,
+                "minimum": self.low, "maximum": self.high,
+                "exclusive_minimum": self.low_open, "exclusive_maximum": self.high_open,
+                "max_length": self.max_length}
+
+
+_META = "gemq"
+
+
+def _setting(default: Any, help: str, *, user: bool = True, **limits: Any) -> Any:
+    """A RunConfig field with its Setting (``user``: offered on the CLI, API and form)."""
+    return field(default=default, metadata={_META: (help, user, limits)})
 
 
 @dataclass(frozen=True)
@@ -23,41 +96,60 @@ class RunConfig:
     """Everything that defines a run. Units are given where a field has one."""
 
     run_id: str
-    algo: str = "gem"
-    lr: float = 0.05
-    momentum: float = 0.9
-    kappa: float = 1.0
-    pi_max: float = 5.0
-    eps: float = 1e-12
-    proxy: str = "local"
-    batch_size: int = 64
+    algo: str = _setting("gem", "aggregation rule: gem, downpour (plain asynchronous SGD), "
+                         "adaptive (delta / (staleness + 1)), dcasgd (delay compensation)",
+                         choices=ALGORITHMS)
+    proxy: str = _setting("local", "GEM's proxy moment: each worker's own (local, the "
+                          "paper) or one over all updates (global)", choices=PROXIES)
+    lr: float = _setting(0.05, "learning rate eta of the momentum-SGD proxy",
+                         low=0, high=10, low_open=True)
+    momentum: float = _setting(0.9, "momentum mu of the proxy", low=0, high=1, high_open=True)
+    kappa: float = _setting(1.0, "GEM's proxy amplification", low=0, high=100, low_open=True)
+    pi_max: float = _setting(5.0, "GEM's clip of pi", low=0, high=1e6, low_open=True)
+    eps: float = _setting(1e-12, "GEM's epsilon in pi's denominator", user=False,
+                          low=0, high=1, low_open=True)
+    #: Minibatch size of one worker step.
+    batch_size: int = _setting(64, "minibatch size of one worker step", low=1, high=65536)
     #: Gradient updates the aggregator applies before the run is finished.
-    budget_updates: int = 1000
-    model: str = "cnn"
-    dataset: str = "mnist5k"
-    seed: int = 0
+    budget_updates: int = _setting(1000, "updates to apply", user=False, low=1, high=10**9)
+    model: str = _setting("cnn", "cnn, mlp, logreg or package.module:factory",
+                          max_length=200)
+    dataset: str = _setting("mnist5k", "mnist5k, digits, mnist-idx:DIR or "
+                            "package.module:factory", max_length=500)
+    seed: int = _setting(0, "seed of the initial parameters and the minibatch order",
+                         low=0, high=2**32 - 1)
     #: A gradient computed on parameters more than this many updates old is rejected.
-    max_staleness: int = 512
+    max_staleness: int = _setting(512, "gradients staler than this many updates are "
+                                  "rejected", low=0, high=10**6)
     #: Parameter snapshots kept (in Redis and in the aggregator) to compute theta - s.
-    history: int = 64
+    history: int = _setting(64, "snapshots kept", user=False, low=1, high=4096)
     #: Workers wait while the gradient stream holds more entries than this.
-    max_pending: int = 64
-    #: Aggregator reads at most this many gradients per batch (one commit per batch).
-    read_batch: int = 32
+    max_pending: int = _setting(64, "workers wait while the stream holds more gradients "
+                                "than this", group=TRANSPORT, low=1, high=10**6)
+    #: Aggregator reads at most this many gradients per batch.
+    read_batch: int = _setting(32, "gradients per read", user=False, low=1, high=4096)
     #: A worker silent this long (seconds) loses its GEM state.
-    worker_timeout_s: float = 60.0
+    worker_timeout_s: float = _setting(60.0, "seconds", user=False, low=0, high=10**6,
+                                       low_open=True)
     #: Encoded gradient messages larger than this are refused; 0 means "payload + 64 KiB".
-    max_message_bytes: int = 0
-    wire_dtype: str = "float32"
+    max_message_bytes: int = _setting(0, "bytes", user=False, low=0, high=2**31)
+    wire_dtype: str = _setting("float32", "gradient payloads: float32, or half the bytes as "
+                               "bfloat16 (cheap to convert) or float16", group=TRANSPORT,
+                               choices=WIRE_DTYPES)
     #: Publication policy: the aggregator publishes new parameters (and commits) once at
     #: least this many updates were applied since the last publication...
-    publish_every: int = 1
+    publish_every: int = _setting(1, "publish parameters once this many updates were "
+                                  "applied since the last publication", group=TRANSPORT,
+                                  low=1, high=4096)
     #: ...and at least this many milliseconds have passed since it (0: no wait).
-    publish_interval_ms: int = 0
+    publish_interval_ms: int = _setting(0, "...and this many ms have passed since it "
+                                        "(0: no wait)", group=TRANSPORT, low=0, high=60_000)
 
     def __post_init__(self) -> None:
-        for check in _CHECKS:
-            check(self)
+        _check_run_id(self.run_id)
+        for setting in CONFIG_SETTINGS:
+            setting.check(getattr(self, setting.name))
+        _check_publish_every(self)
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
@@ -70,56 +162,104 @@ class RunConfig:
         return cls.from_dict(json.loads(text))
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
-        known = {f.name: f for f in dataclasses.fields(cls)}
+    def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
+        """A config from stored or given fields (values are type-checked, not guessed)."""
         if "run_id" not in data:
             raise ConfigError("run_id", "is required")
-        unknown = sorted(set(data) - set(known))
+        unknown = sorted(set(data) - set(_FIELDS))
         if unknown:
             raise ConfigError(unknown[0], "unknown setting")
-        return cls(**{name: _coerce(known[name], value) for name, value in data.items()})
+        return cls(**{name: coerce(_FIELDS[name], value) for name, value in data.items()})
 
 
-def _coerce(field: dataclasses.Field[Any], value: Any) -> Any:
-    kind = {"int": int, "float": float, "str": str}[str(field.type)]
+_FIELDS: dict[str, Setting] = {}
+
+
+def _settings_of_fields() -> tuple[tuple[Setting, ...], tuple[Setting, ...]]:
+    every, offered = [], []
+    for f in dataclasses.fields(RunConfig):
+        if _META not in f.metadata:
+            continue
+        help_text, user, limits = f.metadata[_META]
+        kind = {"int": int, "float": float, "str": str}[str(f.type)]
+        setting = Setting(f.name, kind, f.default, help_text, **limits)
+        every.append(setting)
+        if user:
+            offered.append(setting)
+    return tuple(every), tuple(offered)
+
+
+#: Every RunConfig field with a default, and those a user sets (CLI, API, dashboard).
+CONFIG_SETTINGS, _OFFERED = _settings_of_fields()
+_FIELDS.update({s.name: s for s in CONFIG_SETTINGS})
+_FIELDS["run_id"] = Setting("run_id", str, None, "run id")
+#: The budget, given as one of these (not both); stored as ``budget_updates``.
+BUDGET_SETTINGS = (
+    Setting("epochs", float, None, f"passes over the training set, summed over workers "
+            f"(default {DEFAULT_EPOCHS:g})", group=BUDGET, low=0, high=100_000, low_open=True),
+    Setting("steps", int, None, "gradient updates to apply", group=BUDGET, low=1, high=10**9),
+)
+#: What users set, in the order the CLI and the form show it.
+USER_SETTINGS: tuple[Setting, ...] = (*_OFFERED, *BUDGET_SETTINGS)
+
+
+def coerce(setting: Setting, value: Any) -> Any:
+    """``value`` as the setting's type; a number given as text, or a bool, is refused."""
+    kind = setting.kind
     if kind is int and isinstance(value, float) and not value.is_integer():
-        raise ConfigError(field.name, f"must be an integer, got {value!r}")
+        raise ConfigError(setting.name, f"must be an integer, got {value!r}")
     if isinstance(value, bool) or (kind is not str and isinstance(value, str | bytes)):
-        raise ConfigError(field.name, f"must be a number, got {value!r}")
+        raise ConfigError(setting.name, f"must be a number, got {value!r}")
     if kind is str and not isinstance(value, str):
-        raise ConfigError(field.name, f"must be a string, got {value!r}")
+        raise ConfigError(setting.name, f"must be a string, got {value!r}")
     try:
         return kind(value)
     except (TypeError, ValueError, OverflowError) as e:
-        raise ConfigError(field.name, f"cannot read {value!r} as {kind.__name__}") from e
+        raise ConfigError(setting.name, f"cannot read {value!r} as {kind.__name__}") from e
 
 
-def _in_range(name: str, low: float, high: float, *, low_open: bool = False,
-              high_open: bool = False) -> Any:
-    def check(config: RunConfig) -> None:
-        value = getattr(config, name)
-        if not math.isfinite(value):
-            raise ConfigError(name, f"must be finite, got {value}")
-        too_low = value <= low if low_open else value < low
-        too_high = value >= high if high_open else value > high
-        if too_low or too_high:
-            left, right = "(" if low_open else "[", ")" if high_open else "]"
-            raise ConfigError(name, f"must be in {left}{low:g}, {high:g}{right}, got {value:g}")
-    return check
+def new_run_id() -> str:
+    return time.strftime("run-%Y%m%d-%H%M%S-") + secrets.token_hex(2)
 
 
-def _one_of(name: str, choices: tuple[str, ...]) -> Any:
-    def check(config: RunConfig) -> None:
-        if getattr(config, name) not in choices:
-            raise ConfigError(name, f"must be one of {', '.join(choices)}; "
-                                    f"got {getattr(config, name)!r}")
-    return check
+def budget_updates(epochs: float, train_samples: int, batch_size: int) -> int:
+    """Updates needed for ``epochs`` passes over the training set, summed over workers."""
+    return max(1, math.ceil(epochs * train_samples / batch_size))
 
 
-def _check_run_id(config: RunConfig) -> None:
-    if not is_valid_run_id(config.run_id):
+def make_config(settings: Mapping[str, Any], *, train_samples: int) -> RunConfig:
+    """The one way user settings become a validated RunConfig.
+
+    ``settings``: RunConfig fields and the budget as ``epochs`` or ``steps`` (not both;
+    neither: DEFAULT_EPOCHS); a value of None means the default; no ``run_id``: a new one.
+    ``train_samples`` (the training set's size) turns epochs into updates.
+    """
+    given = {name: value for name, value in settings.items() if value is not None}
+    budget = {s.name: coerce(s, given.pop(s.name)) for s in BUDGET_SETTINGS
+              if s.name in given}
+    for setting in BUDGET_SETTINGS:
+        if setting.name in budget:
+            setting.check(budget[setting.name])
+    if len(budget) > 1:
+        raise ConfigError("steps", "give epochs or steps, not both")
+    given.setdefault("run_id", new_run_id())
+    config = RunConfig.from_dict(given)
+    if not budget and "budget_updates" in given:
+        return config  # a caller that counts in updates already
+    steps = budget.get("steps") or budget_updates(budget.get("epochs", DEFAULT_EPOCHS),
+                                                  train_samples, config.batch_size)
+    return config.replace(budget_updates=steps)
+
+
+def validate_settings(settings: Mapping[str, Any]) -> None:
+    """Raise ConfigError for the first invalid setting: before a dataset is loaded."""
+    make_config(settings, train_samples=1)
+
+
+def _check_run_id(run_id: str) -> None:
+    if not isinstance(run_id, str) or not is_valid_run_id(run_id):
         raise ConfigError("run_id", "1-64 characters of letters, digits, '_', '.', '-', "
-                                    f"starting with a letter or digit; got {config.run_id!r}")
+                                    f"starting with a letter or digit; got {run_id!r}")
 
 
 def _check_publish_every(config: RunConfig) -> None:
@@ -129,35 +269,3 @@ def _check_publish_every(config: RunConfig) -> None:
                                            f"({max(1, config.max_pending // 2)}), got "
                                            f"{config.publish_every}: workers would wait for "
                                            "a publication that cannot come")
-
-
-def _check_specs(config: RunConfig) -> None:
-    for name in ("model", "dataset"):
-        if not getattr(config, name).strip():
-            raise ConfigError(name, "must not be empty")
-
-
-_CHECKS = (
-    _check_run_id,
-    _check_specs,
-    _one_of("algo", ALGORITHMS),
-    _one_of("proxy", PROXIES),
-    _one_of("wire_dtype", WIRE_DTYPES),
-    _in_range("lr", 0, 10, low_open=True),
-    _in_range("momentum", 0, 1, high_open=True),
-    _in_range("kappa", 0, 100, low_open=True),
-    _in_range("pi_max", 0, 1e6, low_open=True),
-    _in_range("eps", 0, 1, low_open=True),
-    _in_range("batch_size", 1, 65536),
-    _in_range("budget_updates", 1, 10**9),
-    _in_range("seed", 0, 2**32 - 1),
-    _in_range("max_staleness", 0, 10**6),
-    _in_range("history", 1, 4096),
-    _in_range("max_pending", 1, 10**6),
-    _in_range("read_batch", 1, 4096),
-    _in_range("worker_timeout_s", 0, 10**6, low_open=True),
-    _in_range("max_message_bytes", 0, 2**31),
-    _in_range("publish_every", 1, 4096),
-    _in_range("publish_interval_ms", 0, 60_000),
-    _check_publish_every,
-)

@@ -43,8 +43,9 @@ def redact(url: str) -> str:
 _BUFFER_CUTOFF = 6000
 
 
-#: Bytes read from the socket per call: a 0.66 MB gradient in 1 read rather than 11 of
-#: redis-py's default 64 KiB (each one a syscall and a feed into the parser).
+#: Bytes read from the socket per call: a gradient or parameter vector arrives in a few
+#: reads rather than one per 64 KiB, redis-py's default (each one a syscall and a feed into
+#: the parser).
 SOCKET_READ_SIZE = 1 << 20
 
 
@@ -52,7 +53,7 @@ class ZeroCopyPacker:
     """Packs commands for the socket without copying large arguments.
 
     With hiredis installed, redis-py packs every command into one new bytes object, so each
-    0.66 MB gradient or parameter vector was copied once more before the socket copied it
+    gradient or parameter vector would be copied once more before the socket copies it
     again. Commands with a large argument (or a memoryview) go through redis-py's
     pure-Python packer, which hands such arguments to ``sendall`` as they are; all other
     commands keep hiredis' packer, which is faster for many small arguments.

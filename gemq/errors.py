@@ -30,6 +30,10 @@ class RunNotFound(GemqError):
     """No run with the given id exists in Redis."""
 
 
+class RunExists(GemqError):
+    """A run with the given id exists already."""
+
+
 class RunLost(GemqError):
     """A run's committed state vanished from Redis (restarted without persistence?)."""
 

@@ -4,11 +4,9 @@ One pass over the parameters does what took numpy some fifteen: the moment, the 
 (pi), the step on theta and both energies, and the drift ``theta - s`` they all start from.
 Numpy needs a temporary array and a full trip through memory for every operation; the loop
 reads gradient, snapshot, moment and theta once and writes theta, moment and the scale
-once. Measured on the development machine (2-core AMD EPYC, AVX-512), GEM's update took
-0.36 -> 0.06 ms for the paper CNN (163,790 parameters), 2.4 -> 0.5 ms for 1 M and
-97 -> 7.5 ms for 11 M (docs/performance.md).
+once (the speed-up is measured in docs/performance.md).
 
-numba compiles it on first use (about 0.7 s) and caches the machine code next to this
+numba compiles it on first use (under a second) and caches the machine code next to this
 module, or in the user's cache directory (``NUMBA_CACHE_DIR``) where that is not writable;
 with neither, every process compiles it again.
 

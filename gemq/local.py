@@ -2,7 +2,7 @@
 
 ``train()`` is what ``gemq run`` calls; from Python::
 
-    summary = gemq.train(model="cnn", dataset="mnist5k", workers=4, epochs=10)
+    summary = gemq.train("cnn", "mnist5k", workers=4, epochs=10)
 """
 
 from __future__ import annotations
@@ -21,17 +21,18 @@ from typing import Any
 import torch
 
 from gemq.aggregator import aggregator_main
-from gemq.config import RunConfig
+from gemq.config import USER_SETTINGS, RunConfig, make_config, validate_settings
 from gemq.connection import connect, redact
-from gemq.data import load_dataset
+from gemq.data import DataSplit, load_dataset
 from gemq.embedded import EmbeddedRedis
-from gemq.errors import GemqError
-from gemq.evaluate import evaluate, load_flat, save_state_dict
+from gemq.errors import ConfigError, GemqError
+from gemq.evaluate import evaluate, save_state_dict
+from gemq.flatmodel import load_flat
 from gemq.models import build_model
 from gemq.progress import ProgressDisplay
-from gemq.runs import budget_for, create_run, new_run_id
+from gemq.runs import create_run
 from gemq.specs import spec_of
-from gemq.store import FINISHED, RunStore
+from gemq.store import RunState, RunStore
 from gemq.summary import run_totals, write_json
 from gemq.worker import worker_main
 
@@ -43,6 +44,8 @@ LOCAL_WORKER_NICENESS = 5
 
 ModelSpec = str | Callable[[], torch.nn.Module]
 DatasetSpec = str | Callable[[], Any]
+DEFAULT_MODEL: str = next(s.default for s in USER_SETTINGS if s.name == "model")
+DEFAULT_DATASET: str = next(s.default for s in USER_SETTINGS if s.name == "dataset")
 
 
 @dataclass(frozen=True)
@@ -58,42 +61,56 @@ class LocalOptions:
     lease_ms: int = 5000
 
 
-def train(*, model: ModelSpec = "cnn", dataset: DatasetSpec = "mnist5k", workers: int = 4,
-          epochs: float | None = None, steps: int | None = None,
-          redis_url: str | None = None, out_dir: str | Path | None = None,
-          progress: bool = True, device: str = "cpu", worker_processes: int = 0,
-          **settings: Any) -> dict[str, Any]:
-    """Train locally and return the run summary (also written to ``out_dir``).
+def train(model: ModelSpec = DEFAULT_MODEL, dataset: DatasetSpec = DEFAULT_DATASET, *,
+          workers: int = 4, epochs: float | None = None, steps: int | None = None,
+          algo: str | None = None, proxy: str | None = None, lr: float | None = None,
+          momentum: float | None = None, kappa: float | None = None,
+          pi_max: float | None = None, batch_size: int | None = None,
+          seed: int | None = None, max_staleness: int | None = None,
+          max_pending: int | None = None, wire_dtype: str | None = None,
+          publish_every: int | None = None, publish_interval_ms: int | None = None,
+          run_id: str | None = None, redis_url: str | None = None,
+          out_dir: str | Path | None = None, progress: bool = True, device: str = "cpu",
+          worker_processes: int = 0) -> dict[str, Any]:
+    """Train locally on a private Redis (or ``redis_url``); return the run summary, which is
+    also written to ``out_dir`` (default ``runs/<run id>``) with the model.
 
     ``model`` and ``dataset`` are built-in names, ``module:factory`` specs, or importable
-    callables. ``settings`` are RunConfig fields (algo, lr, momentum, kappa, batch_size...).
+    callables. The budget is ``epochs`` (passes over the training set, summed over workers)
+    or ``steps`` (updates). Every setting left None takes RunConfig's default (see
+    ``gemq run --help``, or gemq.config, for each one's meaning, default and range).
     """
-    run_id = settings.pop("run_id", None) or new_run_id()
-    config = RunConfig.from_dict({"run_id": run_id, "model": _spec(model, "model"),
-                                  "dataset": _spec(dataset, "dataset"), **settings})
-    data = load_dataset(config.dataset)
-    budget = steps or budget_for(epochs if epochs is not None else 10, data,
-                                 config.batch_size)
-    config = config.replace(budget_updates=budget)
+    settings: dict[str, Any] = {
+        "model": _spec(model), "dataset": _spec(dataset), "epochs": epochs, "steps": steps,
+        "algo": algo, "proxy": proxy, "lr": lr, "momentum": momentum, "kappa": kappa,
+        "pi_max": pi_max, "batch_size": batch_size, "seed": seed,
+        "max_staleness": max_staleness, "max_pending": max_pending, "wire_dtype": wire_dtype,
+        "publish_every": publish_every, "publish_interval_ms": publish_interval_ms,
+        "run_id": run_id}
+    validate_settings(settings)  # every setting, before the dataset is loaded
+    data = load_dataset(settings["dataset"])
+    config = make_config(settings, train_samples=len(data.train))  # type: ignore[arg-type]
     options = LocalOptions(workers=workers, worker_processes=worker_processes,
-                           redis_url=redis_url,
-                           out_dir=Path(out_dir) if out_dir else None,
+                           redis_url=redis_url, out_dir=Path(out_dir) if out_dir else None,
                            progress=progress, device=device)
-    return run_local(config, options)
+    return run_local(config, options, data)
 
 
-def _spec(value: ModelSpec | DatasetSpec, what: str) -> str:
+def _spec(value: ModelSpec | DatasetSpec) -> str:
     return value if isinstance(value, str) else spec_of(value)
 
 
-def run_local(config: RunConfig, options: LocalOptions) -> dict[str, Any]:
+def run_local(config: RunConfig, options: LocalOptions,
+              data: DataSplit | None = None) -> dict[str, Any]:
+    """Run ``config`` to its end on this machine (``data``: its dataset, if loaded)."""
     if options.workers < 1:
-        raise GemqError(f"workers must be at least 1, got {options.workers}")
+        raise ConfigError("workers", f"must be at least 1, got {options.workers}")
+    data = data or load_dataset(config.dataset)
     started = time.monotonic()
     with _redis(options.redis_url) as url:
         client = connect(url)
         try:
-            store = create_run(client, config)
+            store = create_run(client, config, data)
             _supervise(url, store, config, options)
             summary = run_totals(store)
             summary["redis"] = "embedded" if options.redis_url is None else redact(url)
@@ -101,7 +118,7 @@ def run_local(config: RunConfig, options: LocalOptions) -> dict[str, Any]:
         finally:
             client.close()
     summary["wall_time_s"] = round(time.monotonic() - started, 3)
-    return _finish(config, options, params, summary)
+    return _finish(config, options, data, params, summary)
 
 
 @contextlib.contextmanager
@@ -140,7 +157,7 @@ def _supervise(url: str, store: RunStore, config: RunConfig, options: LocalOptio
                                 f"codes: {[w.exitcode for w in workers]}")
         display.poll()
         display.close()
-        if aggregator.exitcode != 0 or store.state() != FINISHED:
+        if aggregator.exitcode != 0 or store.state() != RunState.FINISHED:
             raise GemqError(f"the aggregator ended with code {aggregator.exitcode}, run state "
                             f"{store.state()!r}; see the log above")
         for worker in workers:
@@ -169,9 +186,8 @@ def _terminate(processes: list[BaseProcess]) -> None:
             process.join()
 
 
-def _finish(config: RunConfig, options: LocalOptions, params: Any,
+def _finish(config: RunConfig, options: LocalOptions, data: DataSplit, params: Any,
             summary: dict[str, Any]) -> dict[str, Any]:
-    data = load_dataset(config.dataset)
     model = build_model(config.model, data.in_features, data.num_classes)
     load_flat(model, params)
     summary["train_loss"], summary["train_accuracy"] = evaluate(model, data.train)

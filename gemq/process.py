@@ -22,8 +22,8 @@ def keep_freed_memory() -> bool:
 
     The aggregator and the workers allocate and free a buffer the size of a gradient or a
     parameter vector several times per update. With glibc's defaults these come and go as
-    fresh pages: every one is faulted in and zeroed by the kernel again (measured: ~0.5 ms
-    of system time per 0.66 MB update in the aggregator, a third of its CPU time). Raising
+    fresh pages: every one is faulted in and zeroed by the kernel again, a large share of
+    the aggregator's CPU time (docs/performance.md). Raising
     the mmap and trim thresholds keeps them in the heap; memory use stays at its peak, which
     these loops reach in their first seconds anyway. Returns False where the C library is not
     glibc (nothing is changed there).

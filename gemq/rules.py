@@ -13,14 +13,15 @@ central variable as seen by that worker once the update lands) and
 system is compliant, above 1 when it carries more energy than the proxy (DOWNPOUR with many
 workers), below 1 when it wastes the workers' work (adaptive staleness).
 
-A rule only says how its scale is computed (``_scale_mode``); the update itself is one
-fused pass over the parameters, the same for every rule.
+A rule only says how its scale is computed (``_scale``, a ``ScaleRule``); the update itself
+is one fused pass over the parameters, the same for every rule.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -29,10 +30,20 @@ from gemq.config import DCASGD_LAMBDA, RunConfig
 from gemq.errors import ConfigError
 
 #: Medians of pi are taken over at most this many evenly spaced elements, once per update:
-#: an exact median costs ~1.5 ms on the paper CNN, this estimate ~0.01 ms.
+#: an exact median of a large model would cost more than the update itself.
 MEDIAN_SAMPLE = 4096
 #: The per-tensor medians of the dashboard's heat map, one set per commit, need less.
 TENSOR_MEDIAN_SAMPLE = 2048
+
+
+class ScaleRule(NamedTuple):
+    """How gemq.kernel.update computes a rule's per-element scale pi: the kernel's ``mode``
+    and its two parameters (GEM: a = pi_max, b = eps; CONSTANT: pi = a;
+    DELAY_COMPENSATED: a = -lambda / lr)."""
+
+    mode: int
+    a: float
+    b: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -54,7 +65,7 @@ class Rule:
         self.momentum = momentum
         self.kappa = kappa
         self._moments: dict[str, np.ndarray] = {}
-        self._scale = np.empty(size, np.float32)  # per-element pi of the last update
+        self._pi = np.empty(size, np.float32)  # per-element pi of the last update
         kernel.warm_up()
 
     @property
@@ -68,7 +79,7 @@ class Rule:
 
     def last_scale(self) -> np.ndarray:
         """Per-element pi of the last update (read-only view, overwritten by the next)."""
-        view = self._scale.view()
+        view = self._pi.view()
         view.flags.writeable = False
         return view
 
@@ -83,12 +94,12 @@ class Rule:
         """
         if gradient.dtype != np.float32 or not gradient.flags.c_contiguous:
             gradient = np.ascontiguousarray(gradient, dtype=np.float32)
-        mode, a, b = self._scale_mode(staleness)
+        rule = self._scale(staleness)
         f32 = np.float32
         e_central, e_proxy = kernel.update(
-            theta, gradient, snapshot, self._moment(worker_id), self._scale, f32(self.lr),
-            f32(self.momentum), f32(self.kappa), mode, f32(a), f32(b))
-        return UpdateStats(staleness=staleness, median_pi=median_sample(self._scale),
+            theta, gradient, snapshot, self._moment(worker_id), self._pi, f32(self.lr),
+            f32(self.momentum), f32(self.kappa), rule.mode, f32(rule.a), f32(rule.b))
+        return UpdateStats(staleness=staleness, median_pi=median_sample(self._pi),
                            e_central=float(e_central), e_proxy=float(e_proxy))
 
     def _moment(self, worker_id: str) -> np.ndarray:
@@ -97,8 +108,8 @@ class Rule:
             moment = self._moments[worker_id] = np.zeros(self.size, np.float32)
         return moment
 
-    def _scale_mode(self, staleness: int) -> tuple[int, float, float]:
-        """(kernel mode, a, b): how gemq.kernel.update computes this rule's scale."""
+    def _scale(self, staleness: int) -> ScaleRule:
+        """How this rule scales an update of the given staleness."""
         raise NotImplementedError
 
 
@@ -107,8 +118,8 @@ class Downpour(Rule):
 
     name = "downpour"
 
-    def _scale_mode(self, staleness: int) -> tuple[int, float, float]:
-        return kernel.CONSTANT, 1.0, 0.0
+    def _scale(self, staleness: int) -> ScaleRule:
+        return ScaleRule(kernel.CONSTANT, 1.0)
 
 
 class AdaptiveStaleness(Rule):
@@ -116,8 +127,8 @@ class AdaptiveStaleness(Rule):
 
     name = "adaptive"
 
-    def _scale_mode(self, staleness: int) -> tuple[int, float, float]:
-        return kernel.CONSTANT, 1.0 / (staleness + 1), 0.0
+    def _scale(self, staleness: int) -> ScaleRule:
+        return ScaleRule(kernel.CONSTANT, 1.0 / (staleness + 1))
 
 
 class GEM(Rule):
@@ -134,8 +145,8 @@ class GEM(Rule):
         self.pi_max = pi_max
         self.eps = eps
 
-    def _scale_mode(self, staleness: int) -> tuple[int, float, float]:
-        return kernel.GEM, self.pi_max, self.eps
+    def _scale(self, staleness: int) -> ScaleRule:
+        return ScaleRule(kernel.GEM, self.pi_max, self.eps)
 
 
 class GlobalGEM(GEM):
@@ -183,8 +194,8 @@ class DCASGD(Rule):
         super().__init__(size, lr=lr, momentum=momentum, kappa=kappa)
         self.lam = lam
 
-    def _scale_mode(self, staleness: int) -> tuple[int, float, float]:
-        return kernel.DELAY_COMPENSATED, -self.lam / self.lr, 0.0  # g = -delta / lr
+    def _scale(self, staleness: int) -> ScaleRule:
+        return ScaleRule(kernel.DELAY_COMPENSATED, -self.lam / self.lr)  # g = -delta / lr
 
 
 def median_sample(values: np.ndarray, limit: int = MEDIAN_SAMPLE) -> float:
@@ -192,8 +203,7 @@ def median_sample(values: np.ndarray, limit: int = MEDIAN_SAMPLE) -> float:
 
     Sorts the sample: ``np.median`` spends more in its Python layers than in the selection
     on samples this small, and ``np.partition`` slows down badly on many equal values, which
-    is what pi is (clipped to 0 and pi_max): 150-260 us against 13-43 us for a sort of 4,096
-    such elements on the development machine.
+    is what pi is (clipped to 0 and pi_max); docs/performance.md has the measurements.
     """
     if values.size == 0:
         return math.nan

@@ -30,7 +30,8 @@ return redis.call('HGET', KEYS[2], 'stop_requested')
 #: ARGV: token, lease_ms, msgpack plan.
 #: Everything a batch changes lands in this one atomic step: parameters, head, the XACK of
 #: the batch, trimming, metrics, counters and worker state. The parameters were SET to the
-#: staging key by the same MULTI; they are renamed into place (no copy) or discarded. It is
+#: staging key just before, in the same pipeline (not a transaction: this script is the
+#: atomic step); they are renamed into place (no copy) or discarded. It is
 #: idempotent: it applies only on top of the head it was computed from (plan.prev_id), so a
 #: commit re-sent after a lost reply changes nothing and returns 0.
 COMMIT = FENCE.replace("ON_FENCED", "redis.call('DEL', KEYS[10])") + """

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import msgpack
@@ -20,19 +21,27 @@ from redis.exceptions import NoScriptError
 
 from gemq import scripts
 from gemq.config import RunConfig
-from gemq.errors import FencedError, RunNotFound
+from gemq.errors import FencedError, RunExists, RunNotFound
 from gemq.keys import AGGREGATOR_CONSUMER, AGGREGATOR_GROUP, RUNS_INDEX, RunKeys
 from gemq.layout import ParamLayout
 
-#: Run lifecycle states, as stored in the status hash.
-CREATED, RUNNING, FINISHED, STOPPED, FAILED = (
-    "created", "running", "finished", "stopped", "failed")
-ENDED = (FINISHED, STOPPED, FAILED)
+
+class RunState(StrEnum):
+    """A run's lifecycle state, as stored in its status hash."""
+
+    CREATED = "created"
+    RUNNING = "running"
+    FINISHED = "finished"  # the budget was spent
+    STOPPED = "stopped"  # a stop was requested
+    FAILED = "failed"  # the aggregation gave up; the status hash says why
+
+
+ENDED = frozenset({RunState.FINISHED, RunState.STOPPED, RunState.FAILED})
 Fields = dict[bytes, bytes]
 #: Metrics entries kept per run (approximately: trimming is lazy).
 METRICS_MAXLEN = 20_000
-#: A staged parameter vector outlives a commit that never ran (a connection lost between the
-#: SET and EXEC cannot leave one: MULTI runs both or neither) by this long at most.
+#: A staged parameter vector whose commit script never ran (the leader died between its SET
+#: and the script, or was fenced) is deleted by Redis after this long.
 STAGING_TTL_MS = 60_000
 
 
@@ -87,7 +96,7 @@ class BatchRead:
 
 
 @dataclass(frozen=True)
-class WorkerView:
+class StepView:
     """What a worker needs to know before each step, read in one round trip."""
 
     version: int
@@ -118,14 +127,14 @@ class RunStore:
         """Write a new run: config, layout, version-0 parameters, empty stream and group."""
         k = self.keys
         if self._r.exists(k.config):
-            raise FileExistsError(f"run {self.run_id!r} already exists")
+            raise RunExists(f"run {self.run_id!r} already exists")
         pipe = self._r.pipeline(transaction=True)
         pipe.set(k.config, config.to_json())
         pipe.set(k.layout, layout.to_json())
         pipe.set(k.params(0), as_f32_bytes(params))
         pipe.zadd(k.versions, {"0": 0})
         pipe.hset(k.head, mapping={"version": 0, "updates": 0, "last_id": "0-0"})
-        pipe.hset(k.status, mapping={"state": CREATED, "created_ms": now_ms()})
+        pipe.hset(k.status, mapping={"state": RunState.CREATED, "created_ms": now_ms()})
         pipe.xgroup_create(k.gradients, AGGREGATOR_GROUP, id="0", mkstream=True)
         pipe.zadd(RUNS_INDEX, {self.run_id: now_ms()})
         pipe.execute()
@@ -179,12 +188,12 @@ class RunStore:
             raise RunNotFound(f"no run {self.run_id!r} in Redis")
         return {k.decode(): v.decode() for k, v in raw.items()}
 
-    def state(self) -> str:
-        return self.status()["state"]
+    def state(self) -> RunState:
+        return RunState(self.status()["state"])
 
     def mark_running(self, leader: str) -> None:
         pipe = self._r.pipeline(transaction=True)
-        pipe.hset(self.keys.status, mapping={"state": RUNNING, "leader": leader})
+        pipe.hset(self.keys.status, mapping={"state": RunState.RUNNING, "leader": leader})
         pipe.hsetnx(self.keys.status, "started_ms", now_ms())
         pipe.execute()
 
@@ -200,7 +209,7 @@ class RunStore:
 
     # --- the worker's side ------------------------------------------------------------
 
-    def worker_view(self) -> WorkerView:
+    def step_view(self) -> StepView:
         pipe = self._r.pipeline(transaction=False)
         self._queue_view(pipe)
         return self._view_of(pipe.execute())
@@ -211,8 +220,8 @@ class RunStore:
         self._queue_publish(pipe, worker_id, message)
         return str(pipe.execute()[0].decode())
 
-    def publish_and_view(self, worker_id: str, message: bytes) -> WorkerView:
-        """``publish_gradient``, then ``worker_view`` for the worker's next step, in one
+    def publish_and_view(self, worker_id: str, message: bytes) -> StepView:
+        """``publish_gradient``, then ``step_view`` for the worker's next step, in one
         round trip (a worker reads the view right after publishing anyway)."""
         pipe = self._r.pipeline(transaction=True)
         self._queue_publish(pipe, worker_id, message)
@@ -232,11 +241,11 @@ class RunStore:
         pipe.xlen(self.keys.gradients)
         pipe.hget(self.keys.status, "state")
 
-    def _view_of(self, replies: list[Any]) -> WorkerView:
+    def _view_of(self, replies: list[Any]) -> StepView:
         version, pending, state = replies
         if version is None or state is None:
             raise RunNotFound(f"no run {self.run_id!r} in Redis")
-        return WorkerView(int(version), int(pending), state.decode())
+        return StepView(int(version), int(pending), state.decode())
 
     def heartbeat(self, worker_id: str) -> None:
         self._r.hset(self.keys.worker(worker_id), "heartbeat_ms", now_ms())
@@ -344,8 +353,8 @@ class RunStore:
 
         The parameters travel in a plain SET of a staging key, which the script renames
         into place or deletes: passed to the script as an argument, Redis would copy them
-        into a Lua string, hashing every byte (Redis' Lua interns strings with a full hash:
-        ~0.7 ms of Redis time per 0.66 MB), and out again. No MULTI is needed around the
+        into a Lua string, hashing every byte (Redis' Lua interns strings with a full hash),
+        and out again. No MULTI is needed around the
         two: the script is the atomic step, and a staging key whose script never ran
         expires by itself.
         """

@@ -10,10 +10,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -22,10 +20,10 @@ from gemq.config import RunConfig
 from gemq.connection import TRANSIENT_ERRORS, Backoff, connect
 from gemq.data import DataSplit, load_dataset, minibatches, worker_seed
 from gemq.errors import GemqError
-from gemq.evaluate import FlatLoader
+from gemq.flatmodel import FlatModel
 from gemq.models import build_model, layout_of
 from gemq.process import graceful_shutdown, keep_freed_memory, setup_logging
-from gemq.store import CREATED, ENDED, RunStore, WorkerView
+from gemq.store import ENDED, RunState, RunStore, StepView
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +56,12 @@ class Worker:
         self.options = options or WorkerOptions()
         self.device = resolve_device(self.options.device)
         self.layout_id = store.layout().layout_id
-        self.model = self._build_model(data)
-        self.loader = FlatLoader(self.model)
+        self.net = FlatModel(self._build_model(data), self.device)
         self.batches = minibatches(data.train, config.batch_size,
                                    worker_seed(config.seed, worker_id))
         self.steps = 0
         self.version = -1  # of the parameters loaded in the model
-        self._next_view: WorkerView | None = None
+        self._next_view: StepView | None = None
         self._last_heartbeat = 0.0
 
     def _build_model(self, data: DataSplit) -> nn.Module:
@@ -72,7 +69,7 @@ class Worker:
         if layout_of(model).layout_id != self.layout_id:
             raise GemqError(f"model {self.config.model!r} does not match the parameter layout "
                             f"of run {self.config.run_id!r}")
-        return model.to(self.device).train()
+        return model
 
     def run(self, shutdown: threading.Event) -> int:
         """Work until the run ends or ``shutdown`` is set; return the steps published.
@@ -93,17 +90,17 @@ class Worker:
 
     def _step(self, shutdown: threading.Event) -> bool:
         """One gradient (or one wait); False once the run has ended."""
-        view, self._next_view = self._next_view or self.store.worker_view(), None
+        view, self._next_view = self._next_view or self.store.step_view(), None
         if view.state in ENDED:
             return False
-        if view.state == CREATED or view.pending >= self.config.max_pending:
+        if view.state == RunState.CREATED or view.pending >= self.config.max_pending:
             # No aggregator yet (gradients would only go stale), or backpressure.
             self._wait(shutdown)
             return True
         if view.version != self.version:
             self.version, params = self.store.latest(view.version)  # one GET, not three
-            self.loader.load(params)
-        loss, gradient = self._gradient(self.batches)
+            self.net.load(params)
+        loss, gradient = self.net.gradient(*next(self.batches))
         message = codec.encode(
             run_id=self.config.run_id, worker_id=self.worker_id, param_version=self.version,
             samples=self.config.batch_size, loss=loss, layout_id=self.layout_id,
@@ -119,18 +116,6 @@ class Worker:
             self.store.heartbeat(self.worker_id)
             self._last_heartbeat = time.monotonic()
         shutdown.wait(self.options.backpressure_poll_s)
-
-    def _gradient(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
-                  ) -> tuple[float, np.ndarray]:
-        x, y = next(batches)
-        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-        self.model.zero_grad(set_to_none=True)
-        loss = nn.functional.nll_loss(self.model(x), y)
-        loss.backward()
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p)
-                 for p in self.model.parameters()]
-        flat = torch.cat([g.reshape(-1) for g in grads]).detach().cpu().numpy()
-        return float(loss.detach()), flat
 
 
 def run_workers(store: RunStore, worker_ids: list[str], options: WorkerOptions,

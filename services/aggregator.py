@@ -24,7 +24,8 @@ from gemq.aggregator import Aggregator, AggregatorOptions
 from gemq.connection import TRANSIENT_ERRORS, Backoff, connect, redact
 from gemq.errors import GemqError, RunNotFound
 from gemq.process import setup_logging
-from gemq.store import RUNNING, RunStore, run_ids
+from gemq.store import RunState, RunStore, run_ids
+
 from .jobs import queue
 from .probe import start_heartbeat
 from .settings import AggregatorServiceSettings, load
@@ -38,7 +39,7 @@ def orphaned_runs(client: redis.Redis) -> list[str]:
     for run_id in run_ids(client, 100):
         store = RunStore(client, run_id)
         with contextlib.suppress(RunNotFound):
-            if store.state() == RUNNING and not client.exists(store.keys.lease):
+            if store.state() == RunState.RUNNING and not client.exists(store.keys.lease):
                 orphans.append(run_id)
     return orphans
 

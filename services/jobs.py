@@ -16,7 +16,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from gemq.aggregator import Aggregator, AggregatorOptions
-from gemq.store import FAILED, RunStore, now_ms
+from gemq.store import RunState, RunStore, now_ms
 
 log = logging.getLogger(__name__)
 
@@ -63,5 +63,5 @@ def aggregate(run_id: str, lease_ms: int = 5000) -> str:
     try:
         return Aggregator(store, AggregatorOptions(lease_ms=lease_ms)).run(shutdown)
     except Exception as e:
-        store.set_status(state=FAILED, error=f"{type(e).__name__}: {e}", ended_ms=now_ms())
+        store.set_status(state=RunState.FAILED, error=f"{type(e).__name__}: {e}", ended_ms=now_ms())
         raise

@@ -17,8 +17,9 @@ import torch
 from gemq.connection import TRANSIENT_ERRORS, Backoff, connect, redact
 from gemq.errors import GemqError, RunNotFound
 from gemq.process import graceful_shutdown, setup_logging
-from gemq.store import RUNNING, RunStore, run_ids
+from gemq.store import RunState, RunStore, run_ids
 from gemq.worker import WorkerOptions, run_workers
+
 from .probe import start_heartbeat
 from .settings import WorkerServiceSettings, load
 
@@ -30,7 +31,7 @@ def running_run(client: redis.Redis, only: str | None = None) -> str | None:
     candidates = [only] if only else run_ids(client, 50)
     for run_id in candidates:
         try:
-            if RunStore(client, run_id).state() == RUNNING:
+            if RunStore(client, run_id).state() == RunState.RUNNING:
                 return run_id
         except RunNotFound:
             continue

@@ -16,7 +16,7 @@ from gemq import codec
 from gemq.aggregator import Aggregator, AggregatorOptions, Leader
 from gemq.embedded import EmbeddedRedis
 from gemq.errors import FencedError
-from gemq.store import FINISHED, STOPPED, RunStore
+from gemq.store import RunState, RunStore
 from tests.helpers import SMALL_LAYOUT, GemqProcess, gradient_message, small_run, wait_for
 
 FAST = AggregatorOptions(lease_ms=400, idle_block_ms=50, standby_poll_s=0.05)
@@ -51,7 +51,7 @@ def test_downpour_applies_each_gradient_once(redis_client: redis.Redis) -> None:
         store.publish_gradient(f"w{i % 3}", gradient_message(store, f"w{i % 3}", g))
     thread, _, result = run_in_thread(store)
     thread.join(30)
-    assert result == [FINISHED]
+    assert result == [RunState.FINISHED]
     np.testing.assert_allclose(params(store), -0.5 * np.sum(grads, axis=0), rtol=1e-5,
                                atol=1e-5)
     assert store.counters() == {"published": 40, "applied": 40}
@@ -143,8 +143,8 @@ def test_standby_takes_over_when_leader_stops(redis_client: redis.Redis) -> None
     wait_for(lambda: store.counters().get("applied") == 2, what="standby applies")
     store.request_stop()
     second.join(10)
-    assert r2 == [STOPPED]
-    assert store.state() == STOPPED
+    assert r2 == [RunState.STOPPED]
+    assert store.state() == RunState.STOPPED
 
 
 def test_publication_policy_publishes_every_k_updates(redis_client: redis.Redis) -> None:
@@ -158,7 +158,7 @@ def test_publication_policy_publishes_every_k_updates(redis_client: redis.Redis)
         entry_id = store.publish_gradient("w1", gradient_message(store, "w1", g))
         wait_for(lambda e=entry_id: delivered(redis_client, store) == e, what="read")
     thread.join(30)
-    assert result == [FINISHED]
+    assert result == [RunState.FINISHED]
     versions = store.kept_versions()
     # Every publication came after 4 more updates (the last one: when the budget ran out).
     assert versions == [*range(0, 41, 4), 42]
@@ -223,7 +223,7 @@ def test_sigkilled_aggregator_applies_every_gradient_once(redis_server: Embedded
     assert kills == 10
     counters = store.counters()
     assert counters == {"published": total, "applied": total}
-    assert store.state() == FINISHED
+    assert store.state() == RunState.FINISHED
     np.testing.assert_allclose(params(store), -0.01 * grads.sum(axis=0), rtol=1e-4,
                                atol=1e-5)
 
@@ -290,6 +290,6 @@ def test_a_long_pending_list_is_applied_before_new_entries(redis_client: redis.R
         store.publish_gradient("w1", gradient_message(store, "w1", g))
     thread, _, result = run_in_thread(store)
     thread.join(30)
-    assert result == [FINISHED]
+    assert result == [RunState.FINISHED]
     assert store.counters() == {"published": 9, "applied": 9}
     np.testing.assert_allclose(params(store), -0.5 * grads.sum(axis=0), rtol=1e-5, atol=1e-5)

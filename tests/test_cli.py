@@ -1,4 +1,4 @@
-"""The ``gemq`` command line (gemq/cli.py, gemq/settings.py), mostly as a real subprocess."""
+"""The ``gemq`` command line (gemq/cli.py, gemq/cliargs.py), mostly as a real subprocess."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import pytest
 import redis
 
 from gemq import cli
+from gemq.cliargs import apply_env_defaults, env_name
 from gemq.connection import connect, redact
 from gemq.embedded import EmbeddedRedis, free_port
 from gemq.errors import ConfigError, RedisUnavailable
-from gemq.settings import apply_env_defaults, env_name
 
 # A ConfigError or GemqError caught by main(): "gemq: error: ..."; a flag argparse refuses
 # in a subcommand: "gemq <command>: error: ...".
@@ -94,12 +94,13 @@ def test_unknown_command() -> None:
 
 def test_negative_learning_rate() -> None:
     line = assert_one_error(gemq("run", "--lr", "-1"), cli.EXIT_USAGE)
-    assert line == "gemq: error: lr: must be in (0, 10], got -1"
+    assert line == ("gemq run: error: argument --lr: must be in (0, 10], got -1 "
+                    "(see gemq run --help)")
 
 
 def test_zero_batch_size() -> None:
     line = assert_one_error(gemq("run", "--batch-size", "0"), cli.EXIT_USAGE)
-    assert line == ("gemq run: error: argument --batch-size: must be at least 1, got 0 "
+    assert line == ("gemq run: error: argument --batch-size: must be in [1, 65536], got 0 "
                     "(see gemq run --help)")
 
 
@@ -370,7 +371,7 @@ def test_main_reports_bad_env_in_process(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv("GEMQ_MAX_PENDING", "-3")
     assert cli.main(["status", "--run", "r"]) == cli.EXIT_USAGE
     err = capsys.readouterr().err
-    assert err == "gemq: error: GEMQ_MAX_PENDING: invalid value '-3': must be at least 1, " \
+    assert err == "gemq: error: GEMQ_MAX_PENDING: invalid value '-3': must be in [1, 1e+06], " \
                   "got -3\n"
 
 

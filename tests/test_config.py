@@ -253,3 +253,127 @@ def test_valid_worker_ids(worker_id: str) -> None:
 ])
 def test_invalid_worker_ids(worker_id: str) -> None:
     assert not is_valid_worker_id(worker_id)
+
+
+# --- settings -> RunConfig: one table, one function --------------------------------------
+
+
+def test_make_config_budget_in_epochs_steps_or_the_default() -> None:
+    from gemq.config import DEFAULT_EPOCHS, make_config
+
+    assert make_config({"steps": 7}, train_samples=1000).budget_updates == 7
+    by_epochs = make_config({"epochs": 2, "batch_size": 50}, train_samples=1000)
+    assert by_epochs.budget_updates == 40
+    default = make_config({"batch_size": 100}, train_samples=1000)
+    assert default.budget_updates == math.ceil(DEFAULT_EPOCHS * 1000 / 100)
+    with pytest.raises(ConfigError, match="give epochs or steps, not both"):
+        make_config({"epochs": 1, "steps": 5}, train_samples=1000)
+    with pytest.raises(ConfigError, match=r"^epochs: must be in \(0, 100000\]"):
+        make_config({"epochs": 0}, train_samples=1000)
+
+
+def test_make_config_takes_none_as_the_default_and_names_new_runs() -> None:
+    from gemq.config import make_config
+
+    config = make_config({"lr": None, "algo": None, "run_id": None, "steps": 3},
+                         train_samples=10)
+    assert (config.lr, config.algo) == (RunConfig.lr, RunConfig.algo)  # type: ignore[misc]
+    assert config.run_id.startswith("run-")
+    assert make_config({"run_id": "mine", "steps": 3}, train_samples=10).run_id == "mine"
+    with pytest.raises(ConfigError, match="^nope: unknown setting"):
+        make_config({"nope": 1}, train_samples=10)
+
+
+def test_the_table_describes_every_user_setting_as_runconfig_checks_it() -> None:
+    """Each offered setting's default is RunConfig's, and its bounds are the ones
+    RunConfig enforces: the lowest and highest allowed values pass, one step beyond fails."""
+    from gemq.config import BUDGET, USER_SETTINGS
+
+    for setting in (s for s in USER_SETTINGS if s.group != BUDGET):
+        assert setting.default == RunConfig.__dataclass_fields__[setting.name].default
+        if setting.low is None or setting.high is None:
+            continue
+        step = 1 if setting.kind is int else 1e-9 * max(1.0, abs(setting.high))
+        for value, ok in ((setting.low, not setting.low_open),
+                          (setting.high, not setting.high_open),
+                          (setting.low - step, False), (setting.high + step, False)):
+            changes = {setting.name: setting.kind(value)}
+            if setting.name == "publish_every":
+                changes["max_pending"] = 10**6  # its own cross-check aside
+            if ok:
+                RunConfig(run_id="r", **changes)
+            else:
+                with pytest.raises(ConfigError, match=f"^{setting.name}: "):
+                    RunConfig(run_id="r", **changes)
+
+
+class _Walked(Exception):
+    """Raised by the spy once make_config has built the config: the walk ends there."""
+
+
+@pytest.fixture
+def make_config_spy(monkeypatch: pytest.MonkeyPatch) -> list[RunConfig]:
+    """Every entry point's make_config replaced by a spy that records the RunConfig the real
+    one returns, then stops the caller: a path that bypassed make_config records nothing."""
+    import gemq.cli
+    import gemq.local
+    import gemq.services.api.routes.runs as api_runs
+    import gemq.sim.command
+    from gemq import config as config_module
+
+    built: list[RunConfig] = []
+
+    def spy(settings: dict[str, object], *, train_samples: int) -> RunConfig:
+        built.append(config_module.make_config(settings, train_samples=train_samples))
+        raise _Walked
+
+    for module in (gemq.cli, gemq.local, api_runs, gemq.sim.command):
+        monkeypatch.setattr(module, "make_config", spy)
+    return built
+
+
+@pytest.mark.parametrize("command", ["run", "create", "simulate"])
+def test_lr_from_the_command_line_reaches_runconfig_through_make_config(
+        make_config_spy: list[RunConfig], command: str) -> None:
+    from gemq import cli
+
+    argv = [command, "--lr", "0.123", "--model", "logreg", "--dataset", "digits"]
+    if command == "create":
+        argv += ["--redis-url", "redis://127.0.0.1:1/0"]
+    with pytest.raises(_Walked):
+        cli.main(argv)
+    assert [c.lr for c in make_config_spy] == [0.123]
+
+
+def test_lr_from_python_reaches_runconfig_through_make_config(
+        make_config_spy: list[RunConfig]) -> None:
+    import gemq
+
+    with pytest.raises(_Walked):
+        gemq.train("logreg", "digits", lr=0.123)
+    assert [c.lr for c in make_config_spy] == [0.123]
+
+
+# Starlette's TestClient prefers the httpx2 package and warns when it runs on httpx.
+@pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
+def test_lr_from_the_api_reaches_runconfig_through_make_config(
+        make_config_spy: list[RunConfig]) -> None:
+    from fastapi.testclient import TestClient
+
+    from gemq.config import USER_SETTINGS
+    from gemq.services.api.app import create_app
+    from gemq.services.settings import ApiSettings
+
+    app = create_app(ApiSettings(redis_url="redis://127.0.0.1:1/0"))
+    with TestClient(app) as client:
+        form = {s["name"]: s for s in client.get("/api/settings").json()["settings"]}
+        assert list(form) == [s.name for s in USER_SETTINGS]
+        assert (form["lr"]["default"], form["lr"]["minimum"], form["lr"]["maximum"],
+                form["lr"]["exclusive_minimum"]) == (0.05, 0, 10, True)
+        schema = client.get("/openapi.json").json()["components"]["schemas"]["RunRequest"]
+        lr = schema["properties"]["lr"]
+        assert (lr["default"], lr["exclusiveMinimum"], lr["maximum"]) == (0.05, 0, 10)
+        with pytest.raises(_Walked):
+            client.post("/api/runs", json={"lr": 0.123, "model": "logreg",
+                                           "dataset": "digits"})
+    assert [c.lr for c in make_config_spy] == [0.123]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from gemq.config import RunConfig
 from gemq.embedded import EmbeddedRedis
 from gemq.models import PaperCNN
 from gemq.runs import create_run
-from gemq.store import FINISHED, RunStore
+from gemq.store import RunState, RunStore
 from tests.helpers import GemqProcess, assert_accounting_closes, sigkill_at, wait_for
 
 pytestmark = pytest.mark.slow
@@ -36,7 +37,7 @@ def test_gemq_run_trains_the_paper_cnn(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     summary = json.loads((tmp_path / "s.json").read_text())
     assert set(summary) >= SUMMARY_KEYS
-    assert summary["state"] == FINISHED
+    assert summary["state"] == RunState.FINISHED
     assert summary["updates_applied"] == 625  # 10 epochs of 4,000 samples at batch 64
     assert summary["parameters"] == 163_790
     assert summary["rejected"] == {}
@@ -48,6 +49,39 @@ def test_gemq_run_trains_the_paper_cnn(tmp_path: Path) -> None:
     model = PaperCNN()
     model.load_state_dict(torch.load(summary["model_path"]))
     assert Path(summary["summary_path"]).exists()
+
+
+COUNTING_FACTORIES = """
+import multiprocessing, os
+import torch
+from torch.utils.data import TensorDataset
+
+def data():
+    role = "main" if multiprocessing.parent_process() is None else "child"
+    with open(os.environ["GEMQ_TEST_CALLS"], "a") as f:
+        f.write(role + "\\n")
+    x = torch.randn(400, 10, generator=torch.Generator().manual_seed(0))
+    y = (x[:, 0] > 0).long()
+    return TensorDataset(x[:320], y[:320]), TensorDataset(x[320:], y[320:])
+
+def net():
+    return torch.nn.Sequential(torch.nn.Linear(10, 2), torch.nn.LogSoftmax(dim=1))
+"""
+
+
+def test_a_local_run_loads_its_dataset_once_in_the_main_process(tmp_path: Path) -> None:
+    """The user's factory runs once in `gemq run` itself (budget, initial parameters,
+    evaluation all share it), and once in each worker process, which needs the data."""
+    (tmp_path / "counting.py").write_text(COUNTING_FACTORIES)
+    calls = tmp_path / "calls.txt"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "GEMQ_TEST_CALLS": str(calls)}
+    out = subprocess.run(
+        [sys.executable, "-m", "gemq", "run", "--model", "counting:net", "--dataset",
+         "counting:data", "--epochs", "2", "--workers", "2", "--worker-processes", "2",
+         "--out", str(tmp_path / "run"), "--no-progress"],
+        capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert sorted(calls.read_text().split()) == ["child", "child", "main"]
 
 
 def test_ctrl_c_stops_everything_and_the_private_redis(tmp_path: Path) -> None:
@@ -107,7 +141,7 @@ def test_a_killed_worker_does_not_stop_the_run(redis_server: EmbeddedRedis,
                  what="100 updates")
         workers[0].send_signal(signal.SIGKILL)
         assert aggregator.wait(180) == 0, aggregator.output()
-        assert store.state() == FINISHED
+        assert store.state() == RunState.FINISHED
         states = store.worker_states()
         assert set(states) == {"w0", "w1", "w2"}
         # the survivors carried the run past the point where w0 died
@@ -138,4 +172,4 @@ def test_training_survives_aggregator_sigkills(redis_server: EmbeddedRedis,
         for p in (aggregator, *workers):
             p.stop()
     assert_accounting_closes(store, applied=600)
-    assert store.state() == FINISHED
+    assert store.state() == RunState.FINISHED

@@ -24,7 +24,8 @@ from gemq.data import (
     worker_seed,
 )
 from gemq.errors import SpecError
-from gemq.evaluate import evaluate, flat_params, load_flat, save_state_dict
+from gemq.evaluate import evaluate, save_state_dict
+from gemq.flatmodel import FlatModel, flat_params, load_flat
 from gemq.models import MLP, LogisticRegression, PaperCNN, build_model, layout_of
 from gemq.specs import is_import_spec, load_factory, spec_of
 
@@ -488,12 +489,10 @@ def test_worker_seed() -> None:
     assert all(0 <= worker_seed(2**32 - 1, f"w{i}") < 2**63 for i in range(10))
 
 
-def test_flat_loader_loads_every_parameter_and_keeps_training_working() -> None:
-    from gemq.evaluate import FlatLoader
-
+def test_flat_model_loads_every_parameter_and_keeps_training_working() -> None:
     torch.manual_seed(0)
     model = build_model("cnn", 784, 10)
-    loader = FlatLoader(model)
+    loader = FlatModel(model)
     values = np.random.default_rng(3).standard_normal(163_790).astype(np.float32)
     loader.load(values)
     np.testing.assert_array_equal(flat_params(model), values)
@@ -506,11 +505,33 @@ def test_flat_loader_loads_every_parameter_and_keeps_training_working() -> None:
     np.testing.assert_array_equal(flat_params(model), values)
 
 
-def test_flat_loader_makes_every_parameter_float32_like_load_flat() -> None:
-    from gemq.evaluate import FlatLoader
-
+def test_flat_model_makes_every_parameter_float32_like_load_flat() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1).double())
-    loader = FlatLoader(model)
+    loader = FlatModel(model)
     loader.load(np.arange(9, dtype=np.float32))
     np.testing.assert_array_equal(flat_params(model), np.arange(9, dtype=np.float32))
     assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_flat_model_gradient_is_autograds_in_layout_order() -> None:
+    """The worker step's flat gradient is each parameter's gradient, laid end to end in the
+    layout's order; a parameter the forward pass skips contributes zeros."""
+    torch.manual_seed(1)
+    model = build_model("cnn", 784, 10)
+    reference = build_model("cnn", 784, 10)
+    reference.load_state_dict(model.state_dict())
+    flat = FlatModel(model)
+    x, y = torch.randn(8, 784), torch.randint(0, 10, (8,))
+    torch.manual_seed(2)  # the same dropout mask in both forward passes
+    loss, gradient = flat.gradient(x, y)
+    torch.manual_seed(2)
+    expected_loss = torch.nn.functional.nll_loss(reference(x), y)
+    expected_loss.backward()
+    expected = torch.cat([p.grad.reshape(-1) for _, p in reference.named_parameters()])
+    assert loss == pytest.approx(expected_loss.item(), rel=1e-6)
+    np.testing.assert_allclose(gradient, expected.numpy(), rtol=1e-5, atol=1e-7)
+    skipped = torch.nn.ModuleDict({"used": torch.nn.Linear(3, 2), "unused": torch.nn.Linear(3, 2)})
+    partial = FlatModel(skipped)
+    skipped.forward = lambda x: torch.log_softmax(skipped["used"](x), dim=1)  # type: ignore[method-assign]
+    _, gradient = partial.gradient(torch.randn(4, 3), torch.tensor([0, 1, 0, 1]))
+    assert np.count_nonzero(gradient[:8]) > 0 and not gradient[8:].any()

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from gemq.embedded import EmbeddedRedis
-from gemq.store import FINISHED, RunStore
+from gemq.store import RunState, RunStore
 from tests.helpers import (
     SMALL_LAYOUT,
     GemqProcess,
@@ -95,7 +95,7 @@ def test_redis_crash_with_aof_loses_nothing_and_repeats_nothing() -> None:
             assert "Redis unreachable" in aggregator.output()
         finally:
             aggregator.stop()
-        assert store.state() == FINISHED
+        assert store.state() == RunState.FINISHED
         assert store.counters() == {"published": total, "applied": total}
         assert store.head().version == total
         np.testing.assert_allclose(store.latest()[1], -0.01 * grads.sum(axis=0), rtol=1e-4,
@@ -176,7 +176,8 @@ def _train(redis_url: str, client: redis.Redis, run_id: str, kills: int) -> floa
     every ~55 updates."""
     from gemq.config import RunConfig
     from gemq.data import load_dataset
-    from gemq.evaluate import evaluate, load_flat
+    from gemq.evaluate import evaluate
+    from gemq.flatmodel import load_flat
     from gemq.models import build_model
     from gemq.runs import create_run
 
@@ -243,7 +244,7 @@ def test_standby_service_takes_over_when_the_job_pod_dies(redis_server: Embedded
         survivor = next(s for s in services if s is not victim)
         os.kill(horse, signal.SIGKILL)
         victim.send_signal(signal.SIGKILL)  # the whole pod dies
-        wait_for(lambda: store.state() == FINISHED, timeout_s=90, what="run finished")
+        wait_for(lambda: store.state() == RunState.FINISHED, timeout_s=90, what="run finished")
         assert "taking it over" in survivor.output()
         assert leader_pid(redis_client, store) in (None, survivor.process.pid)
     finally:

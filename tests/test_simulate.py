@@ -1,4 +1,4 @@
-"""The simulator (gemq/simulator.py, gemq/staleness.py, gemq/simulate.py) and the rules it
+"""The simulator (gemq/sim/: engine, staleness models, command) and the rules it
 added to gemq/rules.py (DC-ASGD, GEM with a global proxy)."""
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ from gemq.config import RunConfig
 from gemq.data import DataSplit, load_dataset
 from gemq.errors import ConfigError, GemqError
 from gemq.rules import DCASGD, GEM, GlobalGEM, make_rule
-from gemq.simulate import add_simulate_parser, cmd_simulate
-from gemq.simulator import SimOptions, SimResult, simulate
-from gemq.staleness import Schedule, StalenessModel
+from gemq.sim.command import add_simulate_parser, cmd_simulate
+from gemq.sim.engine import simulate
+from gemq.sim.options import SimOptions
+from gemq.sim.results import SimResult
+from gemq.sim.staleness import Schedule, StalenessModel
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from gemq.aggregator import Aggregator, AggregatorOptions, Leader
 from gemq.config import RunConfig
 from gemq.errors import GemqError
 from gemq.runs import create_run
-from gemq.store import RUNNING, RunStore
+from gemq.store import RunState, RunStore
 from gemq.worker import WorkerOptions, run_workers
 from tests.helpers import wait_for
 
@@ -39,7 +39,7 @@ def start_workers(store: RunStore, ids: list[str]) -> tuple[threading.Thread,
 
 def test_workers_wait_while_the_stream_is_full(redis_client: redis.Redis) -> None:
     store = tiny_run(redis_client, max_pending=5)
-    store.set_status(state=RUNNING)  # as if an aggregator ran, but none consumes
+    store.set_status(state=RunState.RUNNING)  # as if an aggregator ran, but none consumes
     thread, shutdown, result = start_workers(store, ["a", "b"])
     wait_for(lambda: redis_client.xlen(store.keys.gradients) >= 5, what="stream fills")
     time.sleep(0.5)

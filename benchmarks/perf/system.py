@@ -24,7 +24,7 @@ from gemq.aggregator import aggregator_main
 from gemq.config import RunConfig
 from gemq.local import LOCAL_WORKER_NICENESS
 from gemq.runs import create_run
-from gemq.store import ENDED, RUNNING, RunStore
+from gemq.store import ENDED, RunState, RunStore
 from gemq.worker import worker_main
 
 
@@ -73,7 +73,7 @@ def _all_heartbeats(client: redis.Redis, store: RunStore, ids: list[str]) -> boo
 def finish(system: System, wait_s: float = 0.0) -> None:
     """Wait up to ``wait_s`` for the run to end by itself, then stop it and every process."""
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and system.store.state() == RUNNING:
+    while time.monotonic() < deadline and system.store.state() == RunState.RUNNING:
         time.sleep(0.05)
     if system.store.state() not in ENDED:
         system.store.request_stop()

@@ -39,7 +39,7 @@ def sgd_process(batch: int, epochs: float, threads: int, out: str) -> None:
     import torch
 
     from gemq.data import load_dataset, minibatches, worker_seed
-    from gemq.evaluate import flat_params
+    from gemq.flatmodel import flat_params
     from gemq.models import build_model
 
     if threads:  # 0: torch's default, every core
@@ -107,7 +107,8 @@ class Judge:
         self.model = build_model("cnn", self.data.in_features, self.data.num_classes)
 
     def accuracy(self, params: np.ndarray) -> float:
-        from gemq.evaluate import evaluate, load_flat
+        from gemq.evaluate import evaluate
+        from gemq.flatmodel import load_flat
 
         load_flat(self.model, params)
         return evaluate(self.model, self.data.test)[1]

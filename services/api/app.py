@@ -17,8 +17,9 @@ from gemq import __version__
 from gemq.connection import TRANSIENT_ERRORS, connect, redact
 from gemq.errors import GemqError
 from gemq.process import setup_logging
-from .routes import events, health, metrics, runs
+
 from ..settings import LOOPBACK, ApiSettings, load
+from .routes import events, health, metrics, run_settings, runs
 
 log = logging.getLogger(__name__)
 #: The dashboard's files: web/ in the repository, installed as the package gemq.web.
@@ -39,7 +40,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app = FastAPI(title="gemq", version=__version__, lifespan=lifespan,
                   description="Start, stop and watch asynchronous GEM training runs.")
     app.state.settings = settings
-    for module in (health, metrics, runs, events):
+    for module in (health, metrics, runs, run_settings, events):
         app.include_router(module.router)
     for error in TRANSIENT_ERRORS:
         app.add_exception_handler(error, _redis_unavailable)

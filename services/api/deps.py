@@ -11,6 +11,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from gemq.keys import is_valid_run_id
 from gemq.store import RunStore
+
 from ..settings import ApiSettings
 
 _bearer = HTTPBearer(auto_error=False)

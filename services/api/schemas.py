@@ -1,43 +1,57 @@
-"""Request bodies of the API (responses are the plain JSON views of views.py)."""
+"""Request bodies of the API (responses are the plain JSON views of views.py).
+
+``RunRequest`` is built from gemq.config's table of user settings: its defaults, bounds,
+choices and descriptions are those of ``RunConfig`` and of the ``gemq`` flags.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+
+from gemq.config import USER_SETTINGS, Setting
+from gemq.keys import RUN_ID_PATTERN
 
 
-class RunRequest(BaseModel):
+class _RunRequestBase(BaseModel):
     """A run to create. Every field is optional; defaults are the paper's MNIST settings."""
 
     model_config = ConfigDict(extra="forbid")
 
-    run_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    algo: Literal["gem", "downpour", "adaptive", "dcasgd"] = "gem"
-    proxy: Literal["local", "global"] = "local"
-    lr: float = Field(0.05, gt=0, le=10)
-    momentum: float = Field(0.9, ge=0, lt=1)
-    kappa: float = Field(1.0, gt=0, le=100)
-    pi_max: float = Field(5.0, gt=0, le=1e6)
-    batch_size: int = Field(64, ge=1, le=65536)
-    model: str = Field("cnn", min_length=1, max_length=200)
-    dataset: str = Field("mnist5k", min_length=1, max_length=500)
-    seed: int = Field(0, ge=0, le=2**32 - 1)
-    epochs: float | None = Field(None, gt=0, le=100_000)
-    steps: int | None = Field(None, ge=1, le=10**9)
-    max_staleness: int = Field(512, ge=0, le=10**6)
-    max_pending: int = Field(64, ge=1, le=10**6)
-    wire_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
-    publish_every: int = Field(1, ge=1, le=4096)
-    publish_interval_ms: int = Field(0, ge=0, le=60_000)
-    start: bool = True
+    run_id: str | None = Field(None, pattern=f"^{RUN_ID_PATTERN.pattern}$",
+                               description="default: run-<date>-<time>-<random>")
+    start: bool = Field(True, description="enqueue the aggregation at once")
 
     @model_validator(mode="after")
-    def _one_budget(self) -> RunRequest:
-        if self.epochs is not None and self.steps is not None:
+    def _one_budget(self) -> _RunRequestBase:
+        if getattr(self, "epochs", None) is not None and getattr(self, "steps", None) is not None:
             raise ValueError("give epochs or steps, not both")
         return self
 
-    def settings(self) -> dict[str, object]:
-        """The RunConfig fields of this request."""
-        return self.model_dump(exclude={"run_id", "epochs", "steps", "start"})
+    def settings(self) -> dict[str, Any]:
+        """The run settings of this request (gemq.config.make_config's input)."""
+        return self.model_dump(exclude={"start"})
+
+
+def _field(setting: Setting) -> tuple[Any, Any]:
+    """The pydantic (type, Field) of one setting."""
+    bounds: dict[str, Any] = {}
+    if setting.low is not None:
+        bounds["gt" if setting.low_open else "ge"] = setting.kind(setting.low)
+    if setting.high is not None:
+        bounds["lt" if setting.high_open else "le"] = setting.kind(setting.high)
+    if setting.kind is str and setting.choices is None:
+        bounds.update(min_length=1, max_length=setting.max_length)
+    kind: Any = Literal[setting.choices] if setting.choices else setting.kind
+    if setting.default is None:
+        kind = kind | None
+    return kind, Field(setting.default, description=setting.help, **bounds)
+
+
+if TYPE_CHECKING:
+    RunRequest = _RunRequestBase
+else:
+    RunRequest = create_model("RunRequest", __base__=_RunRequestBase,
+                              __doc__=_RunRequestBase.__doc__,
+                              **{s.name: _field(s) for s in USER_SETTINGS})

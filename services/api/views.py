@@ -10,6 +10,7 @@ import redis
 
 from gemq.errors import RunNotFound
 from gemq.store import RunStore, now_ms, run_ids
+
 from ..jobs import job_state
 
 #: A worker silent longer than this (ms) is shown as gone.

@@ -12,6 +12,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from gemq.store import RunStore
+
 from .. import views
 from ..deps import STREAM_ID, Reader, Store
 

@@ -12,6 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gemq.store import RunStore, now_ms, run_ids
+
 from .. import views
 from ..deps import RedisClient
 

@@ -10,16 +10,17 @@ from fastapi import APIRouter, HTTPException, Query
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
-from gemq.config import RunConfig
+from gemq.config import make_config
 from gemq.data import DataSplit, load_dataset
-from gemq.errors import ConfigError, SpecError
-from gemq.runs import budget_for, create_run, new_run_id
+from gemq.errors import ConfigError, RunExists, SpecError
+from gemq.runs import create_run
 from gemq.specs import is_import_spec
-from gemq.store import CREATED, ENDED, RunStore
+from gemq.store import ENDED, RunState, RunStore
+
+from ...jobs import enqueue_aggregation
 from .. import views
 from ..deps import AUTH_ERRORS, STREAM_ID, Reader, RedisClient, Settings, Store, Writer
 from ..schemas import RunRequest
-from ...jobs import enqueue_aggregation
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such run"}}
@@ -31,25 +32,25 @@ def _dataset(spec: str) -> DataSplit:
 
 
 def _create(client: Any, request: RunRequest, allow_imports: bool) -> RunStore:
+    settings = request.settings()
     for field in ("model", "dataset"):
-        if is_import_spec(getattr(request, field)) and not allow_imports:
-            raise _unprocessable(field, f"{field} {getattr(request, field)!r}: module:factory "
+        if is_import_spec(settings[field]) and not allow_imports:
+            raise _unprocessable(field, f"{field} {settings[field]!r}: module:factory "
                                         "specs are disabled on this service "
                                         "(GEMQ_ALLOW_IMPORT_SPECS=true enables them)")
     try:
-        data = _dataset(request.dataset)
+        data = _dataset(settings["dataset"])
     except SpecError as e:
         raise _unprocessable("dataset", str(e)) from e
-    budget = request.steps or budget_for(request.epochs or 10, data, request.batch_size)
     try:
-        config = RunConfig.from_dict({"run_id": request.run_id or new_run_id(),
-                                      "budget_updates": budget, **request.settings()})
+        samples = len(data.train)  # type: ignore[arg-type]
+        config = make_config(settings, train_samples=samples)
         return create_run(client, config, data)
     except ConfigError as e:
         raise _unprocessable(e.field, str(e)) from e
     except SpecError as e:
         raise _unprocessable("model", str(e)) from e
-    except FileExistsError as e:
+    except RunExists as e:
         raise HTTPException(409, str(e)) from e
 
 
@@ -88,7 +89,7 @@ def get_run(store: Store) -> dict[str, Any]:
 def start(store: Store, client: RedisClient, settings: Settings) -> dict[str, Any]:
     """Enqueue the aggregation job of a created run."""
     status = store.status()
-    if status["state"] != CREATED or status.get("job_id"):
+    if status["state"] != RunState.CREATED or status.get("job_id"):
         raise HTTPException(409, f"run {store.run_id!r} is {status['state']} and was "
                                  "already started")
     enqueue_aggregation(client, settings.aggregator_queue, store.run_id)
@@ -130,7 +131,7 @@ def model(store: Store) -> Response:
 def _state_dict_bytes(store: RunStore) -> bytes:
     import torch
 
-    from gemq.evaluate import load_flat
+    from gemq.flatmodel import load_flat
     from gemq.models import build_model
 
     config = store.config()

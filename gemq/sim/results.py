@@ -7,15 +7,13 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from gemq.config import RunConfig
 from gemq.errors import ConfigError
-
-if TYPE_CHECKING:
-    from gemq.simulator import SimOptions
+from gemq.sim.options import SimOptions
 
 #: One row of the recorded curves: these keys, in this order (the CSV header).
 CURVE_FIELDS = ("updates", "gradients", "worker_steps", "epochs", "time", "train_loss",

@@ -2,8 +2,9 @@
 
 The data path is the one of ``gemq run``, event by event. A worker reads theta (version v =
 updates applied so far), computes its gradient on the next minibatch of its own stream
-(``minibatches`` seeded with ``worker_seed(seed, "<run>-w<i>")``, as a real worker), and its
-gradient lands when the staleness model (gemq/staleness.py) says so, after the updates that
+(``minibatches`` seeded with ``worker_seed(seed, "<run>-w<i>")``, and the very step of a real
+worker, gemq.flatmodel.FlatModel), and its
+gradient lands when the staleness model (gemq/sim/staleness.py) says so, after the updates that
 landed in between; the aggregator's rule object (``make_rule``, the same code the aggregator
 calls) then sees ``drift = theta_now - s`` and ``staleness = updates - v``, exactly as
 ``Leader._process_one`` computes them. Each worker reads theta again right after its own
@@ -25,59 +26,32 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 import torch
-from torch import nn
 from torch.utils.data import Dataset, Subset, TensorDataset
 from tqdm import tqdm
 
-from gemq.config import DCASGD_LAMBDA, RunConfig
+from gemq.config import RunConfig
 from gemq.data import DataSplit, load_dataset, minibatches, worker_seed
 from gemq.errors import ConfigError, GemqError
 from gemq.evaluate import evaluate
+from gemq.flatmodel import FlatModel
 from gemq.layout import ParamLayout
 from gemq.models import build_model, layout_of
 from gemq.rules import UpdateStats, make_rule, median_sample
-from gemq.simresults import SimResult
-from gemq.staleness import Schedule, StalenessModel
+from gemq.sim.options import SimOptions
+from gemq.sim.results import SimResult
+from gemq.sim.staleness import Schedule, StalenessModel
+from gemq.tally import UpdateTally
 
-MAX_WORKERS = 100_000
 #: Curve points per run when ``eval_every`` is not given.
 DEFAULT_POINTS = 20
 #: A final loss above this share of its start means the run learned next to nothing.
 STALLED = 0.9
-#: Evaluation batch: one thread runs the CNN ~10% faster on 500 samples than on 1,000.
+#: Samples per evaluation batch (smaller batches suit one thread's caches).
 EVAL_BATCH = 500
-
-
-@dataclass(frozen=True)
-class SimOptions:
-    workers: int = 4
-    staleness: StalenessModel = field(default_factory=StalenessModel)
-    #: Central updates between two curve points; 0 means budget / DEFAULT_POINTS.
-    eval_every: int = 0
-    #: Samples of the fixed training subset (loss) and of the test set (accuracy) per point.
-    eval_samples: int = 1000
-    #: Per-tensor median and mean pi are recorded every this many updates; 0: with the curve.
-    pi_every: int = 0
-    dcasgd_lambda: float = DCASGD_LAMBDA
-    #: Run the momentum-SGD proxy itself (one synchronous worker) instead of ``algo``.
-    reference: bool = False
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.workers <= MAX_WORKERS:
-            raise ConfigError("workers", f"must be in [1, {MAX_WORKERS}], got {self.workers}")
-        for name in ("eval_every", "pi_every"):
-            if getattr(self, name) < 0:
-                raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
-        if self.eval_samples < 1:
-            raise ConfigError("eval_samples", f"must be at least 1, got {self.eval_samples}")
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "staleness": self.staleness.as_dict()}
 
 
 class Updater(Protocol):
@@ -111,38 +85,9 @@ class MomentumProxy:
         return self._ones
 
 
-class FlatNet:
-    """A model whose parameters and gradient are views of flat float32 vectors.
-
-    Loading a snapshot is then one copy, and the gradient arrives already flat, in the
-    layout's (named_parameters) order: no per-tensor work per step.
-    """
-
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model.train()
-        self.params = list(model.parameters())
-        self.flat = torch.cat([p.detach().reshape(-1) for p in self.params])
-        offset = 0
-        for p in self.params:
-            p.data = self.flat[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
-        self.values = self.flat.numpy()  # shares memory with the parameters
-        self.grad = torch.zeros_like(self.flat)
-        self.grad_values = self.grad.numpy()
-
-    def gradient(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        """Mean NLL of the batch; its gradient is left in ``grad_values``."""
-        self.model.zero_grad(set_to_none=True)
-        loss = nn.functional.nll_loss(self.model(x), y)
-        loss.backward()
-        grads = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel())
-                 for p in self.params]
-        torch.cat(grads, out=self.grad)
-        return float(loss.detach())
-
-
-class Versions:
-    """The parameter snapshots some worker still computes on: shared, reference-counted."""
+class InFlightSnapshots:
+    """The parameter versions some simulated worker still computes on: shared between the
+    workers that read the same version, reference-counted, freed when the last one commits."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -183,41 +128,6 @@ class Versions:
             self._free.append(self._live.pop(version)[0])
 
 
-@dataclass
-class Window:
-    """What the updates since the last curve point did."""
-
-    updates: int = 0
-    loss: float = 0.0
-    pi: float = 0.0
-    mean_pi: float = 0.0
-    e_central: float = 0.0
-    e_proxy: float = 0.0
-    staleness: int = 0
-    staleness_min: float = math.inf
-    staleness_max: float = -math.inf
-
-    def add(self, stats: UpdateStats, loss: float, mean_pi: float) -> None:
-        self.updates += 1
-        self.loss += loss
-        self.pi += stats.median_pi
-        self.mean_pi += mean_pi
-        self.e_central += stats.e_central
-        self.e_proxy += stats.e_proxy
-        self.staleness += stats.staleness
-        self.staleness_min = min(self.staleness_min, stats.staleness)
-        self.staleness_max = max(self.staleness_max, stats.staleness)
-
-    def row(self) -> dict[str, float]:
-        n = self.updates or math.nan
-        return {"batch_loss": self.loss / n, "median_pi": self.pi / n,
-                "mean_pi": self.mean_pi / n,
-                "energy_ratio": self.e_central / self.e_proxy if self.e_proxy else math.nan,
-                "staleness_mean": self.staleness / n,
-                "staleness_min": self.staleness_min if self.updates else math.nan,
-                "staleness_max": self.staleness_max if self.updates else math.nan}
-
-
 def _head(dataset: Dataset, count: int) -> Dataset:
     """The first ``count`` samples: a fixed evaluation subset."""
     size = len(dataset)  # type: ignore[arg-type]
@@ -242,19 +152,19 @@ class Simulator:
         torch.manual_seed(config.seed)  # the initial parameters `gemq run` draws for this seed
         model = build_model(config.model, self.data.in_features, self.data.num_classes)
         self.layout: ParamLayout = layout_of(model)
-        self.net = FlatNet(model)
+        self.net = FlatModel(model)  # the step of gemq/worker.py
         self.theta = self.net.values.copy()  # the central variable
         self.rule = self._updater()
         self.ids = [f"{config.run_id}-w{i}" for i in range(self.workers)]
         self.batches = [minibatches(self.data.train, config.batch_size,
                                     worker_seed(config.seed, w)) for w in self.ids]
         self.schedule = Schedule(staleness, self.workers, config.seed)
-        self.versions = Versions(self.layout.size)
+        self.versions = InFlightSnapshots(self.layout.size)
         self.read = [0] * self.workers  # the version each worker computes on
         for _ in self.ids:
             self.versions.read(0, self.theta)
         self.updates = self.gradients = self.rejected = 0
-        self.window, self.total = Window(), Window()
+        self.window, self.total = UpdateTally(), UpdateTally()
         self.curve: list[dict[str, float]] = []
         self.pi_tensors: list[dict[str, Any]] = []
         self.eval_s = self.eval_cpu_s = 0.0
@@ -295,20 +205,19 @@ class Simulator:
     def _apply(self, worker: int, version: int, snapshot: np.ndarray, staleness: int,
                x: torch.Tensor, y: torch.Tensor) -> None:
         if self._in_net != version:
-            np.copyto(self.net.values, snapshot)
+            self.net.load(snapshot)
             self._in_net = version
-        loss = self.net.gradient(x, y)  # computed on s, the copy the worker read
-        stats = self.rule.apply(self.theta, self.net.grad_values, snapshot, self.ids[worker],
-                                staleness)
+        loss, gradient = self.net.gradient(x, y)  # computed on s, the copy the worker read
+        stats = self.rule.apply(self.theta, gradient, snapshot, self.ids[worker], staleness)
         self.updates += 1
         mean_pi = float(self.rule.last_scale().mean())
-        self.window.add(stats, loss, mean_pi)
-        self.total.add(stats, loss, mean_pi)
+        for tally in (self.window, self.total):
+            tally.add(stats, loss, len(y), mean_pi)
 
     def record(self) -> dict[str, float]:
         """Evaluate theta and close the current window: one curve point."""
         started, cpu = time.perf_counter(), time.process_time()
-        np.copyto(self.net.values, self.theta)
+        self.net.load(self.theta)
         self._in_net = None
         train_loss, _ = evaluate(self.net.model, self.eval_train, EVAL_BATCH)
         test_loss, test_accuracy = evaluate(self.net.model, self.eval_test, EVAL_BATCH)
@@ -316,9 +225,10 @@ class Simulator:
                "worker_steps": self.gradients / self.workers,
                "epochs": self.gradients * self.config.batch_size / len(self.data.train),  # type: ignore[arg-type]
                "time": self.schedule.now, "train_loss": train_loss, "test_loss": test_loss,
-               "test_accuracy": test_accuracy, **self.window.row(), "rejected": self.rejected}
+               "test_accuracy": test_accuracy, **_curve_means(self.window),
+               "rejected": self.rejected}
         self.curve.append(row)
-        self.window = Window()
+        self.window = UpdateTally()
         self.eval_s += time.perf_counter() - started
         self.eval_cpu_s += time.process_time() - cpu
         return row
@@ -362,7 +272,7 @@ class Simulator:
                             f"of {self.config.budget_updates} updates; raise --max-staleness")
 
     def _summary(self, wall_s: float, cpu_s: float) -> dict[str, Any]:
-        first, last, total = self.curve[0], self.curve[-1], self.total.row()
+        first, last, total = self.curve[0], self.curve[-1], _curve_means(self.total)
         final = last["train_loss"]
         # Evaluation excluded: the rates are the cost of the simulated training itself. CPU
         # time is also reported because it hardly depends on what else the machine runs.
@@ -388,6 +298,13 @@ class Simulator:
         rows = self.pi_tensors
         return {"pi_zero_fraction": _mean_of(rows, "zero_fraction"),
                 "pi_clip_fraction": _mean_of(rows, "clip_fraction")}
+
+
+def _curve_means(tally: UpdateTally) -> dict[str, float]:
+    """A curve row's averages (the loss of the minibatches is ``batch_loss`` there)."""
+    means = tally.means()
+    means["batch_loss"] = means.pop("loss")
+    return means
 
 
 def _rate(count: int, seconds: float) -> float:

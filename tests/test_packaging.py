@@ -1,0 +1,122 @@
+"""The shape of the package: one importable name, no import cycle, imports pointing down."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Source folders and the package each installs as (pyproject.toml's package-dir).
+SOURCES = {"gemq": ROOT / "gemq", "gemq.services": ROOT / "services"}
+#: The top of the house: may import anything; nothing in the library imports them.
+TOP = ("gemq.cli", "gemq.__main__")
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for package, folder in SOURCES.items():
+        for path in folder.rglob("*.py"):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join([package, *parts])] = path
+    return modules
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every gemq module ``name`` imports, anywhere in the file (lazy imports included)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
+                       for alias in node.names]
+        else:
+            continue
+        found |= {t for t in targets if t in known}
+    return found - {name}
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+
+
+def test_the_walk_sees_the_whole_package() -> None:
+    graph = _graph()
+    assert {"gemq.cli", "gemq.store", "gemq.sim.engine", "gemq.services.api.app",
+            "gemq.services.api.routes.runs"} <= set(graph)
+    assert "gemq.services.settings" in graph["gemq.services.api.deps"]  # relative imports
+    assert "gemq.services.api.app" in graph["gemq.cli"]  # lazy imports
+
+
+def test_no_import_cycle() -> None:
+    graph = _graph()
+    cycles = []
+    state: dict[str, str] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                cycles.append(path[path.index(target):] + [target])
+            elif target not in state:
+                visit(target, [*path, target])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []
+
+
+def test_imports_point_down() -> None:
+    """The library never imports the services or the CLI; the services never the CLI."""
+    for module, targets in _graph().items():
+        if module in TOP:
+            continue
+        upward = {t for t in targets if t in TOP}
+        if not module.startswith("gemq.services"):
+            upward |= {t for t in targets if t.startswith("gemq.services")}
+        assert not upward, f"{module} imports {sorted(upward)}"
+
+
+def test_the_simulation_wing_is_light_to_import() -> None:
+    """`gemq simulate`'s flags load with every command: no torch until it runs."""
+    code = ("import sys, gemq.cli, gemq.sim.command, gemq.config\n"
+            "assert 'torch' not in sys.modules, 'torch'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "--quiet", "--wheel-dir", str(out), str(ROOT)],
+                   check=True, timeout=300, capture_output=True)
+    (built,) = out.glob("gemq-*.whl")
+    return zipfile.ZipFile(built)
+
+
+def test_the_wheel_installs_one_top_level_name(wheel: zipfile.ZipFile) -> None:
+    tops = {name.split("/")[0] for name in wheel.namelist()}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"gemq"}
+
+
+def test_the_wheel_carries_the_services_and_the_dashboard(wheel: zipfile.ZipFile) -> None:
+    names = set(wheel.namelist())
+    assert {"gemq/services/api/app.py", "gemq/services/probe.py", "gemq/web/index.html",
+            "gemq/web/style.css"} <= names
+    scripts = [n for n in names if n.startswith("gemq/web/") and n.endswith(".js")]
+    assert scripts, "the dashboard's JavaScript"
