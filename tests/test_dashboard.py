@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -68,6 +70,32 @@ def _answer_dialogs(page: Page, seen: list[tuple[str, str]]) -> None:
     page.on("dialog", answer)
 
 
+@contextmanager
+def _browser_page(name: str) -> Iterator[tuple[Page, list[str]]]:
+    """A page in headless chromium and the errors it logs (page errors, console errors);
+    on a failure inside the block, a screenshot test-artifacts/<name>-failure.png."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+
+            def console(message: ConsoleMessage) -> None:
+                # 401 and 422 answers are expected in these tests; the browser logs each one.
+                if message.type == "error" and "Failed to load resource" not in message.text:
+                    errors.append(f"console: {message.text}")
+            page.on("console", console)
+            try:
+                yield page, errors
+            except Exception:
+                page.screenshot(path=str(ARTIFACTS / f"{name}-failure.png"), full_page=True)
+                raise
+        finally:
+            browser.close()
+
+
 @pytest.mark.browser
 @pytest.mark.slow
 @pytest.mark.timeout(180)
@@ -77,26 +105,8 @@ def test_dashboard_watches_and_stops_a_live_run(api_url: str) -> None:
         created = api.post("/api/runs", json={"run_id": RUN, **TINY})
         assert created.status_code == 201, created.text
 
-        ARTIFACTS.mkdir(exist_ok=True)
-        errors: list[str] = []
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            try:
-                page = browser.new_page(viewport={"width": 1440, "height": 1000})
-                page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
-
-                def console(message: ConsoleMessage) -> None:
-                    # 401 and 422 answers are expected below; the browser logs each one.
-                    if message.type == "error" and "Failed to load resource" not in message.text:
-                        errors.append(f"console: {message.text}")
-                page.on("console", console)
-                try:
-                    _watch_and_stop(page, api, api_url, errors)
-                except Exception:
-                    page.screenshot(path=str(ARTIFACTS / "dashboard-failure.png"), full_page=True)
-                    raise
-            finally:
-                browser.close()
+        with _browser_page("dashboard") as (page, errors):
+            _watch_and_stop(page, api, api_url, errors)
 
         view = api.get(f"/api/runs/{RUN}").json()
         assert view["state"] == "stopped", view
@@ -134,15 +144,15 @@ def _watch_and_stop(page: Page, api: httpx.Client, api_url: str, errors: list[st
                 .evaluate_all("rows => rows.map(r => r.dataset.workerId)"))
     assert shown == ids and len(ids) == 2
 
-    # A bad start: the token is asked for (401), kept, and the 422's detail is shown.
-    page.fill("#f-lr", "-1")
+    # A start only the API can refuse (the form cannot know the datasets): the token is
+    # asked for (401), kept, and the 422's detail is shown.
+    page.fill("#f-dataset", "no-such-dataset")
     page.click("#start-button")
     page.wait_for_selector("#error-banner:not([hidden])", timeout=10_000)
-    assert "lr" in (page.text_content("#error-text") or "")
+    assert "dataset" in (page.text_content("#error-text") or "")
     assert [kind for kind, _ in dialogs] == ["prompt"]
     assert page.evaluate("localStorage.getItem('gemq.apiToken')") == TOKEN
     page.click("#error-close")
-    page.fill("#f-lr", "0.05")
 
     page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
 
@@ -161,3 +171,96 @@ def _watch_and_stop(page: Page, api: httpx.Client, api_url: str, errors: list[st
     assert page.evaluate("window.gemqNoReload") is True
     assert page.is_hidden("#error-banner")
     page.screenshot(path=str(ARTIFACTS / "dashboard-stopped.png"), full_page=True)
+
+
+def _number(text: str | None) -> float | None:
+    return None if text is None else float(text)
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_start_form_is_built_from_the_api_settings(api_url: str) -> None:
+    with httpx.Client(base_url=api_url, timeout=30,
+                      headers={"Authorization": f"Bearer {TOKEN}"}) as api:
+        settings: list[dict[str, Any]] = api.get("/api/settings").json()["settings"]
+        with _browser_page("start-form") as (page, errors):
+            dialogs: list[tuple[str, str]] = []
+            _answer_dialogs(page, dialogs)
+            page.goto(api_url + "/")
+            page.wait_for_selector("#start-form:not([aria-busy]) #f-algo", timeout=15_000)
+            _check_form_offers(page, settings)
+            run_id = _start_from_form(page, api, dialogs)
+            assert errors == []
+
+        config = api.get(f"/api/runs/{run_id}").json()["config"]
+    changed = {"algo": "dcasgd", "lr": 0.02, "model": "logreg", "dataset": "digits"}
+    for setting in settings:
+        if setting["group"] != "budget":  # the rest are the API's defaults: none was posted
+            assert config[setting["name"]] == changed.get(setting["name"], setting["default"])
+    assert config["budget_updates"] == 20
+
+
+def _check_form_offers(page: Page, settings: list[dict[str, Any]]) -> None:
+    """One control per setting, with the API's default, bounds, choices and help."""
+    by_name = {s["name"]: s for s in settings}
+    names = page.locator("#start-form [name]").evaluate_all("els => els.map(e => e.name)")
+    budget = [s["name"] for s in settings if s["group"] == "budget"]
+    assert sorted(names) == sorted([*(by_name.keys() - set(budget)), "budget_kind", "budget"])
+    assert page.locator("#f-budget-kind option").evaluate_all(
+        "options => options.map(o => o.value)") == budget == ["epochs", "steps"]
+    algorithms = page.locator("#f-algo option").evaluate_all("options => options.map(o => o.value)")
+    assert algorithms == by_name["algo"]["choices"] and "dcasgd" in algorithms
+    for setting in settings:
+        if setting["group"] == "budget":
+            continue
+        selector = f"#f-{setting['name']}"
+        value = page.input_value(selector)
+        assert (value if setting["type"] == "string" else float(value)) == setting["default"]
+        assert (page.get_attribute(selector, "title") or "").startswith(setting["help"])
+        if setting["choices"]:
+            assert page.locator(f"{selector} option").evaluate_all(
+                "options => options.map(o => o.value)") == setting["choices"]
+        elif setting["type"] != "string":
+            assert _number(page.get_attribute(selector, "min")) == setting["minimum"]
+            assert _number(page.get_attribute(selector, "max")) == setting["maximum"]
+    lr = by_name["lr"]
+    assert (lr["default"], lr["minimum"], lr["maximum"], lr["exclusive_minimum"]) == (
+        0.05, 0, 10, True)
+    assert page.input_value("#f-lr") == "0.05"
+    assert [page.get_attribute("#f-lr", a) for a in ("min", "max", "step")] == ["0", "10", "any"]
+    # Transport settings fold away; the form stays compact.
+    assert page.is_hidden("#f-max_pending")
+    page.click("details[data-group=transport] summary")
+    assert page.is_visible("#f-max_pending")
+    page.locator("#start-card").screenshot(path=str(ARTIFACTS / "start-form.png"))
+
+
+def _start_from_form(page: Page, api: httpx.Client, dialogs: list[tuple[str, str]]) -> str:
+    """Starts a run from the form and returns its id, once the page has selected it."""
+    # lr's lower bound is exclusive: min="0" lets 0 through, the form does not.
+    page.fill("#f-lr", "0")
+    page.click("#start-button")
+    page.wait_for_function(
+        "document.querySelector('#form-message').textContent.includes('lr: must be in (0, 10]')",
+        timeout=5_000)
+    assert page.get_attribute("#f-lr", "aria-invalid") == "true"
+    assert dialogs == [] and api.get("/api/runs").json()["runs"] == []  # nothing was posted
+
+    page.select_option("#f-algo", "dcasgd")
+    page.fill("#f-lr", "0.02")
+    page.fill("#f-model", "logreg")
+    page.fill("#f-dataset", "digits")
+    page.select_option("#f-budget-kind", "steps")
+    assert page.get_attribute("#f-budget", "step") == "1"
+    page.fill("#f-budget", "20")
+    page.click("#start-button")
+    page.wait_for_function(
+        "document.querySelector('#form-message').textContent.startsWith('Started ')",
+        timeout=15_000)
+    assert [kind for kind, _ in dialogs] == ["prompt"]  # the token, for the POST
+    run_id = (page.text_content("#form-message") or "").removeprefix("Started ")
+    page.wait_for_function("run => document.querySelector('#run-title').textContent === run",
+                           arg=run_id, timeout=15_000)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-started.png"), full_page=True)
+    return run_id

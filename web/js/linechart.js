@@ -1,0 +1,158 @@
+// Line charts in inline SVG over a shared x axis (updates), with a hover readout.
+
+import { esc, fmt, fmtInt } from "./format.js";
+import { lastOf } from "./series.js";
+import { ticks, tickLabel } from "./ticks.js";
+
+// Keeps the shape of a long series: the min and max of each bucket, in order.
+function downsample(points, maxPoints) {
+  if (points.length <= maxPoints) return points;
+  const buckets = Math.floor(maxPoints / 2);
+  const size = points.length / buckets;
+  const out = [];
+  for (let b = 0; b < buckets; b += 1) {
+    const start = Math.floor(b * size);
+    const end = Math.min(points.length, Math.floor((b + 1) * size));
+    let lo = start;
+    let hi = start;
+    for (let i = start; i < end; i += 1) {
+      if (points[i][1] < points[lo][1]) lo = i;
+      if (points[i][1] > points[hi][1]) hi = i;
+    }
+    if (lo <= hi) out.push(points[lo], points[hi]);
+    else out.push(points[hi], points[lo]);
+  }
+  return out;
+}
+
+// A line chart in inline SVG: series of [x, y] points over a shared x axis (updates).
+// opts: series [{name, points, cls}], refs [{y, label}] (dashed lines), yZero, readout, hover
+// (the index of the series the readout follows), xDomain, legend, robust (clip outliers).
+export function lineChart(el, opts) {
+  const W = Math.max(260, Math.floor(el.clientWidth || 480));
+  const H = 200;
+  const m = { l: 46, r: 14, t: opts.legend ? 26 : 12, b: 28 };
+  const pw = W - m.l - m.r;
+  const ph = H - m.t - m.b;
+  const main = opts.series[opts.hover || 0];
+  el.dataset.points = String(main.points.length);
+  const all = opts.series.flatMap((s) => s.points);
+  if (!all.length) {
+    el.innerHTML = `<div class="chart-empty">Waiting for data…</div>`;
+    if (opts.readout) opts.readout.textContent = "";
+    el._chart = null;
+    return;
+  }
+  let x0 = Infinity, x1 = -Infinity, y0 = Infinity, y1 = -Infinity;
+  for (const [x, y] of all) {
+    if (x < x0) x0 = x;
+    if (x > x1) x1 = x;
+    if (y < y0) y0 = y;
+    if (y > y1) y1 = y;
+  }
+  for (const r of opts.refs || []) {
+    y0 = Math.min(y0, r.y);
+    y1 = Math.max(y1, r.y);
+  }
+  // robust: a few outliers (one huge spike) must not flatten the rest; they are clipped.
+  let clippedAt = null;
+  if (opts.robust && main.points.length >= 50) {
+    const ys = main.points.map((p) => p[1]).sort((a, b) => a - b);
+    const cap = Math.max(ys[Math.floor(ys.length * 0.99)] * 1.5, ...(opts.refs || []).map((r) => r.y * 1.2));
+    if (cap > 0 && y1 > cap) {
+      y1 = cap;
+      clippedAt = cap;
+    }
+  }
+  if (opts.xDomain) [x0, x1] = opts.xDomain;
+  if (opts.yZero && y0 > 0) y0 = 0;
+  if (x1 === x0) x1 = x0 + 1;
+  if (y1 === y0) y1 = y0 + 1;
+  y1 += (y1 - y0) * 0.06;
+  const sx = (x) => m.l + ((x - x0) / (x1 - x0)) * pw;
+  const sy = (y) => m.t + ph - ((y - y0) / (y1 - y0)) * ph;
+  const clipId = `clip-${el.id}`;
+
+  const parts = [];
+  const yt = ticks(y0, y1, 4);
+  for (const v of yt.values) {
+    const y = sy(v).toFixed(1);
+    parts.push(`<line class="grid" x1="${m.l}" x2="${m.l + pw}" y1="${y}" y2="${y}"/>`,
+      `<text class="tick" x="${m.l - 6}" y="${y}" text-anchor="end" dominant-baseline="middle">${tickLabel(v, yt.step)}</text>`);
+  }
+  const xt = ticks(x0, x1, Math.max(2, Math.floor(pw / 90)));
+  for (const v of xt.values) {
+    const x = sx(v).toFixed(1);
+    parts.push(`<line class="axis" x1="${x}" x2="${x}" y1="${m.t + ph}" y2="${m.t + ph + 4}"/>`,
+      `<text class="tick" x="${x}" y="${m.t + ph + 16}" text-anchor="middle">${tickLabel(v, xt.step)}</text>`);
+  }
+  parts.push(`<line class="axis" x1="${m.l}" x2="${m.l + pw}" y1="${m.t + ph}" y2="${m.t + ph}"/>`,
+    `<text class="axis-label" x="${m.l + pw}" y="${H - 2}" text-anchor="end">updates</text>`);
+  parts.push(`<clipPath id="${clipId}"><rect x="${m.l}" y="${m.t - 2}" width="${pw}" height="${ph + 4}"/></clipPath>`,
+    `<g clip-path="url(#${clipId})">`);
+  for (const s of opts.series) {
+    if (!s.points.length) continue;
+    const pts = downsample(s.points, Math.max(100, pw * 2));
+    const d = pts.map(([x, y]) => `${sx(x).toFixed(1)},${sy(y).toFixed(1)}`).join(" ");
+    parts.push(`<polyline class="line ${s.cls}" points="${d}"><title>${esc(s.name)}</title></polyline>`);
+  }
+  parts.push("</g>");
+  if (clippedAt !== null) {
+    parts.push(`<text class="clip-note" x="${m.l + pw}" y="8" text-anchor="end" dominant-baseline="middle">values above ${fmt(clippedAt)} clipped</text>`);
+  }
+  for (const r of opts.refs || []) {
+    const y = sy(r.y).toFixed(1);
+    parts.push(`<line class="ref" x1="${m.l}" x2="${m.l + pw}" y1="${y}" y2="${y}"/>`,
+      `<text class="ref-label" x="${m.l + pw - 4}" y="${(sy(r.y) - 5).toFixed(1)}" text-anchor="end">${esc(r.label)}</text>`);
+  }
+  if (opts.legend) {
+    let lx = m.l + 8;
+    for (const s of opts.series) {
+      parts.push(`<line class="line ${s.cls}" x1="${lx}" x2="${lx + 14}" y1="8" y2="8"/>`,
+        `<text class="legend" x="${lx + 18}" y="8" dominant-baseline="middle">${esc(s.name)}</text>`);
+      lx += 30 + s.name.length * 7;
+    }
+  }
+  parts.push(`<g class="hover" visibility="hidden"><line class="hover-line" y1="${m.t}" y2="${m.t + ph}"/><circle r="3.5"/></g>`,
+    `<rect class="overlay" x="${m.l}" y="${m.t}" width="${pw}" height="${ph}"/>`);
+  el.innerHTML = `<svg viewBox="0 0 ${W} ${H}" width="${W}" height="${H}" aria-hidden="true">${parts.join("")}</svg>`;
+
+  const fmtPoint = (p) => `${fmt(p[1], 4)} at ${fmtInt(p[0])} updates`;
+  el._chart = { sx, sy, top: m.t, points: main.points, name: main.name, fmtPoint, readout: opts.readout };
+  if (opts.readout) opts.readout.textContent = main.points.length ? `${main.name} ${fmt(lastOf(main.points), 4)}` : "";
+  if (!el.dataset.bound) {
+    el.dataset.bound = "1";
+    el.addEventListener("mousemove", (ev) => chartHover(el, ev));
+    el.addEventListener("mouseleave", () => chartHover(el, null));
+  }
+}
+
+function chartHover(el, ev) {
+  const c = el._chart;
+  const g = el.querySelector("g.hover");
+  if (!c || !g) return;
+  if (!ev || !c.points.length) {
+    g.setAttribute("visibility", "hidden");
+    if (c.readout) c.readout.textContent = c.points.length ? `${c.name} ${fmt(lastOf(c.points), 4)}` : "";
+    return;
+  }
+  const svg = el.querySelector("svg");
+  const box = svg.getBoundingClientRect();
+  const scale = svg.viewBox.baseVal.width / box.width;
+  const px = (ev.clientX - box.left) * scale;
+  // Nearest point by x (points are in x order).
+  let lo = 0, hi = c.points.length - 1;
+  while (hi - lo > 1) {
+    const mid = (lo + hi) >> 1;
+    if (c.sx(c.points[mid][0]) < px) lo = mid; else hi = mid;
+  }
+  const p = Math.abs(c.sx(c.points[lo][0]) - px) <= Math.abs(c.sx(c.points[hi][0]) - px) ? c.points[lo] : c.points[hi];
+  const x = c.sx(p[0]).toFixed(1);
+  const y = Math.max(c.top, c.sy(p[1])).toFixed(1);
+  g.setAttribute("visibility", "visible");
+  g.querySelector("line").setAttribute("x1", x);
+  g.querySelector("line").setAttribute("x2", x);
+  g.querySelector("circle").setAttribute("cx", x);
+  g.querySelector("circle").setAttribute("cy", y);
+  if (c.readout) c.readout.textContent = `${c.name} ${c.fmtPoint(p)}`;
+}
