@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -28,14 +29,47 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
 _UNREACHABLE: tuple[type[Exception], ...] = (*TRANSIENT_ERRORS, OSError)
 
 
+#: scheme://, then the authority (up to the first /, ? or #, as urlsplit cuts it), then the rest.
+_URL_PARTS = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)(.*)$", re.DOTALL)
+#: Query parameters whose values are secrets (matched in the lower-cased, decoded name).
+_SECRET_PARAMS = ("password", "secret", "token")
+
+
 def redact(url: str) -> str:
-    """The URL with any password replaced by ``***``, for logs and error messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    netloc = f"{user}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    """The URL with every password replaced by ``***``, for logs and error messages.
+
+    Both places redis-py reads one from are covered: the userinfo (``user:password@``) and
+    query parameters (``?password=``, ``ssl_password=``). Works on the text alone, so a
+    malformed URL (a port out of range, a broken IPv6 address) is redacted too: this runs
+    while reporting exactly such errors and must never raise.
+    """
+    match = _URL_PARTS.match(url)
+    if match is None:
+        return _redact_query(url)
+    scheme, authority, rest = match.groups()
+    return scheme + _redact_userinfo(authority) + _redact_query(rest)
+
+
+def _redact_userinfo(authority: str) -> str:
+    userinfo, at, host = authority.rpartition("@")
+    if not at or ":" not in userinfo:
+        return authority  # no password; a user name alone is not a secret
+    return f"{userinfo.partition(':')[0]}:***@{host}"
+
+
+def _redact_query(text: str) -> str:
+    before, question, query = text.partition("?")
+    if not question:
+        return text
+    query, hash_, fragment = query.partition("#")
+    params = "&".join(_redact_param(p) for p in query.split("&"))
+    return f"{before}?{params}{hash_}{fragment}"
+
+
+def _redact_param(param: str) -> str:
+    name, equals, _ = param.partition("=")
+    secret = any(s in unquote(name).lower() for s in _SECRET_PARAMS)
+    return f"{name}=***" if equals and secret else param
 
 
 #: Arguments longer than this go to the socket as they are, without being copied into one

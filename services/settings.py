@@ -36,6 +36,21 @@ class ApiSettings(_GemqSettings):
     #: Accept ``package.module:factory`` models and datasets in API requests. Off by
     #: default: importing and calling a named function is running code chosen by the caller.
     allow_import_specs: bool = False
+    #: Largest request body accepted, in bytes; a larger one is refused (413) unread. A run
+    #: request is well under 1 KiB.
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    #: Seconds a request body may take to arrive in full; a slower one is refused (408) and
+    #: its connection closed.
+    body_timeout_s: float = Field(10.0, gt=0)
+    #: Host names the service answers to besides loopback ones, comma-separated (for
+    #: example the name an ingress or a tunnel reaches it by). Other names are refused (400):
+    #: the defence against DNS rebinding. With a token set and this empty, any name passes.
+    allowed_hosts: str = ""
+
+    def allowed_host_names(self) -> frozenset[str]:
+        """GEMQ_ALLOWED_HOSTS as names: lower-cased, without spaces or a trailing dot."""
+        return frozenset(n.strip().lower().rstrip(".") for n in self.allowed_hosts.split(",")
+                         if n.strip())
 
     @field_validator("api_token")
     @classmethod

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import redis
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
@@ -19,9 +20,14 @@ from gemq.errors import GemqError
 from gemq.process import setup_logging
 
 from ..settings import LOOPBACK, ApiSettings, load
+from .guard import RequestGuard
 from .routes import events, health, metrics, run_settings, runs
+from .routes.health import READY_TIMEOUT_S
 
 log = logging.getLogger(__name__)
+#: Socket timeout (s) of the routes' Redis commands: a command on a hung Redis fails after
+#: this, is re-sent once, and the request answers 503 (about twice this in all).
+REDIS_TIMEOUT_S = 2.0
 #: The dashboard's files: web/ in the repository, installed as the package gemq.web.
 WEB_DIR = Path(str(importlib.resources.files("gemq.web")))
 
@@ -31,11 +37,12 @@ def create_app(settings: ApiSettings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Not waiting for Redis: the service answers /healthz at once and /readyz says
         # whether Redis is there.
-        app.state.redis = connect(settings.redis_url, wait_s=None)
+        app.state.redis, app.state.probe = redis_clients(settings.redis_url)
         try:
             yield
         finally:
             app.state.redis.close()
+            app.state.probe.close()
 
     app = FastAPI(title="gemq", version=__version__, lifespan=lifespan,
                   description="Start, stop and watch asynchronous GEM training runs.")
@@ -45,7 +52,17 @@ def create_app(settings: ApiSettings) -> FastAPI:
     for error in TRANSIENT_ERRORS:
         app.add_exception_handler(error, _redis_unavailable)
     _mount_dashboard(app)
+    app.add_middleware(RequestGuard, settings=settings)
     return app
+
+
+def redis_clients(url: str) -> tuple[redis.Redis, redis.Redis]:
+    """The routes' client and the readiness probe's. Both time out soon, so a hung Redis
+    (frozen, or a network that drops packets) is a 503 within seconds, not a request
+    blocked for minutes: the routes' client re-sends a command once (a pooled connection
+    may have died while Redis restarted), the probe's never."""
+    return (connect(url, wait_s=None, socket_timeout_s=REDIS_TIMEOUT_S, retries=1),
+            connect(url, wait_s=None, socket_timeout_s=READY_TIMEOUT_S, retries=0))
 
 
 async def _redis_unavailable(request: Request, exc: Exception) -> JSONResponse:
@@ -72,6 +89,9 @@ def check_binding(settings: ApiSettings) -> None:
 
 def serve(settings: ApiSettings) -> None:
     check_binding(settings)
+    # A malformed Redis URL is one clear error here, not a traceback from uvicorn's start-up.
+    for client in redis_clients(settings.redis_url):
+        client.close()
     if settings.api_token is None:
         log.warning("no GEMQ_API_TOKEN: listening on loopback only, mutations unauthenticated")
     log.info("API and dashboard on http://%s:%d (Redis %s)", settings.host, settings.port,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated
 
 import redis
@@ -13,6 +12,7 @@ from gemq.keys import is_valid_run_id
 from gemq.store import RunStore
 
 from ..settings import ApiSettings
+from .guard import token_refusal
 
 _bearer = HTTPBearer(auto_error=False)
 #: A Redis stream id whose two parts fit Redis' unsigned 64-bit integers (19 digits do).
@@ -29,24 +29,31 @@ def get_redis(request: Request) -> redis.Redis:
     return client
 
 
+def get_probe(request: Request) -> redis.Redis:
+    """The readiness probe's client: a short timeout and no retries."""
+    client: redis.Redis = request.app.state.probe
+    return client
+
+
 Settings = Annotated[ApiSettings, Depends(get_settings)]
 RedisClient = Annotated[redis.Redis, Depends(get_redis)]
+ProbeClient = Annotated[redis.Redis, Depends(get_probe)]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
-def _check_token(settings: ApiSettings, credentials: HTTPAuthorizationCredentials | None) -> None:
-    if settings.api_token is None:
-        return  # no token configured: the service listens on loopback only
-    if credentials is None:
-        raise HTTPException(401, "this endpoint needs 'Authorization: Bearer <token>'",
-                            headers={"WWW-Authenticate": "Bearer"})
-    if not hmac.compare_digest(credentials.credentials.encode(), settings.api_token.encode()):
-        raise HTTPException(403, "the bearer token is not valid")
+def _check_token(settings: ApiSettings, request: Request) -> None:
+    refusal = token_refusal(settings, request.headers.get("authorization", ""))
+    if refusal is not None:
+        raise refusal
 
 
-def require_writer(settings: Settings, credentials: Credentials) -> None:
-    """Mutating endpoints: a valid token whenever one is configured."""
-    _check_token(settings, credentials)
+def require_writer(settings: Settings, request: Request, _: Credentials) -> None:
+    """Mutating endpoints: a valid token whenever one is configured.
+
+    RequestGuard has checked it already, before the body was read; the HTTPBearer
+    parameter puts the scheme in the OpenAPI document.
+    """
+    _check_token(settings, request)
 
 
 def require_reader(settings: Settings, request: Request) -> None:
@@ -55,12 +62,8 @@ def require_reader(settings: Settings, request: Request) -> None:
     The header is read by hand rather than through HTTPBearer so that the OpenAPI schema
     does not claim open reads need a token.
     """
-    if settings.open_reads:
-        return
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    credentials = (HTTPAuthorizationCredentials(scheme=scheme, credentials=token)
-                   if scheme.lower() == "bearer" and token else None)
-    _check_token(settings, credentials)
+    if not settings.open_reads:
+        _check_token(settings, request)
 
 
 def get_store(run_id: str, client: RedisClient) -> RunStore:
@@ -74,6 +77,10 @@ Store = Annotated[RunStore, Depends(get_store)]
 #: Documented on every endpoint that needs the token.
 AUTH_ERRORS: dict[int | str, dict[str, str]] = {
     401: {"description": "no bearer token (when GEMQ_API_TOKEN is set)"},
-    403: {"description": "wrong bearer token"}}
+    403: {"description": "wrong bearer token, or a browser's request from another origin"}}
+#: Documented on every endpoint that reads a body (RequestGuard enforces both limits).
+BODY_ERRORS: dict[int | str, dict[str, str]] = {
+    408: {"description": "the body did not arrive within GEMQ_BODY_TIMEOUT_S"},
+    413: {"description": "the body is larger than GEMQ_MAX_BODY_BYTES"}}
 Writer = Depends(require_writer)
 Reader = Depends(require_reader)

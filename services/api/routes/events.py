@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,11 +12,13 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
+from gemq.connection import TRANSIENT_ERRORS
 from gemq.store import RunStore
 
 from .. import views
 from ..deps import STREAM_ID, Reader, Store
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 #: Seconds between two pushes.
 PERIOD_S = 1.0
@@ -32,12 +35,17 @@ def _poll(store: RunStore, after: str) -> tuple[str, list[dict[str, Any]], dict[
 
 
 async def _feed(request: Request, store: RunStore, after: str) -> AsyncIterator[str]:
-    while not await request.is_disconnected():
-        after, rows, view = await run_in_threadpool(_poll, store, after)
-        if rows:  # the id lets a reconnecting EventSource resume (Last-Event-ID)
-            yield _event("metrics", {"rows": rows}, event_id=after)
-        yield _event("run", view)
-        await asyncio.sleep(PERIOD_S)
+    try:
+        while not await request.is_disconnected():
+            after, rows, view = await run_in_threadpool(_poll, store, after)
+            if rows:  # the id lets a reconnecting EventSource resume (Last-Event-ID)
+                yield _event("metrics", {"rows": rows}, event_id=after)
+            yield _event("run", view)
+            await asyncio.sleep(PERIOD_S)
+    except TRANSIENT_ERRORS as e:
+        # The response has started: no 503 can be sent. Ending the stream is the signal;
+        # the browser's EventSource reconnects by itself, from its Last-Event-ID.
+        log.warning("events of run %s: Redis unreachable (%s); stream ended", store.run_id, e)
 
 
 @router.get("/{run_id}/events", dependencies=[Reader],

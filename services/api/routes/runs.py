@@ -19,7 +19,16 @@ from gemq.store import ENDED, RunState, RunStore
 
 from ...jobs import enqueue_aggregation
 from .. import views
-from ..deps import AUTH_ERRORS, STREAM_ID, Reader, RedisClient, Settings, Store, Writer
+from ..deps import (
+    AUTH_ERRORS,
+    BODY_ERRORS,
+    STREAM_ID,
+    Reader,
+    RedisClient,
+    Settings,
+    Store,
+    Writer,
+)
 from ..schemas import RunRequest
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
@@ -66,7 +75,8 @@ def list_runs(client: RedisClient) -> dict[str, Any]:
 
 
 @router.post("", status_code=201, dependencies=[Writer],
-             responses={**AUTH_ERRORS, 400: {"description": "the body is not valid JSON"},
+             responses={**AUTH_ERRORS, **BODY_ERRORS,
+                        400: {"description": "the body is not valid JSON"},
                         409: {"description": "a run with this id exists"},
                         422: {"description": "invalid configuration"}})
 async def create(request: RunRequest, client: RedisClient, settings: Settings) -> dict[str, Any]:
@@ -121,7 +131,7 @@ def metrics(store: Store, after: str = Query("0-0", pattern=STREAM_ID),
     **NOT_FOUND, 200: {"content": {"application/octet-stream": {}},
                        "description": "a torch state_dict file"}})
 def model(store: Store) -> Response:
-    """The current parameters as a torch state_dict (load with torch.load)."""
+    """The current parameters as a torch state_dict file (`torch.load(f, weights_only=True)`)."""
     body = _state_dict_bytes(store)
     filename = f"{store.run_id}-v{store.head().version}.pt"
     return Response(body, media_type="application/octet-stream",
@@ -129,15 +139,20 @@ def model(store: Store) -> Response:
 
 
 def _state_dict_bytes(store: RunStore) -> bytes:
+    """The newest parameters as a torch state_dict, built from the run's stored layout.
+
+    Nothing named in the run's config is imported or called: that config comes from Redis,
+    and a download must not run code chosen by whoever could write there (a module:factory
+    spec runs only where GEMQ_ALLOW_IMPORT_SPECS lets a request name one). The layout lists
+    the model's parameters in named_parameters order, so the file loads into the model with
+    ``load_state_dict`` as one saved from the module itself would.
+    """
     import torch
 
-    from gemq.flatmodel import load_flat
-    from gemq.models import build_model
-
-    config = store.config()
-    data = _dataset(config.dataset)
-    net = build_model(config.model, data.in_features, data.num_classes)
-    load_flat(net, store.latest()[1])
+    layout = store.layout()
+    flat = store.latest()[1]
+    state = {t.name: torch.from_numpy(flat[t.slice].reshape(t.shape).copy())
+             for t in layout.tensors}
     buffer = io.BytesIO()
-    torch.save(net.state_dict(), buffer)
+    torch.save(state, buffer)
     return buffer.getvalue()
