@@ -11,7 +11,6 @@ reason. Only numpy here: the aggregator does not need torch.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -19,10 +18,11 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import overload
 
 import numpy as np
+import redis
 
 from gemq import codec
 from gemq.config import RunConfig
@@ -30,19 +30,23 @@ from gemq.connection import TRANSIENT_ERRORS, Backoff, connect
 from gemq.errors import CodecError, FencedError, RunLost, RunNotFound
 from gemq.keys import is_valid_worker_id
 from gemq.layout import ParamLayout
-from gemq.process import graceful_shutdown, keep_freed_memory, setup_logging
-from gemq.rules import TENSOR_MEDIAN_SAMPLE, Rule, UpdateStats, make_rule, median_sample
+from gemq.process import die_with_parent, graceful_shutdown, keep_freed_memory, setup_logging
+from gemq.rejections import RejectionLog, StallWatch
+from gemq.rules import TENSOR_MEDIAN_SAMPLE, Rule, make_rule, median_sample
 from gemq.snapshots import SnapshotHistory
 from gemq.store import ENDED, BatchRead, CommitPlan, ReadRequest, RunState, RunStore, now_ms
-from gemq.tally import UpdateTally
+from gemq.window import UNKNOWN_WORKER, CommitWindow
 
 log = logging.getLogger(__name__)
 
-UNKNOWN_WORKER = "unknown"
 #: Metrics rows carry the per-tensor median pi (the dashboard's heat map) this often.
 PI_TENSORS_EVERY_S = 0.2
 #: Entries one commit acknowledges at most, whatever the publication policy.
 MAX_WINDOW_ENTRIES = 4096
+#: Bytes one read may bring in at most, counting every entry at the largest size a valid
+#: gradient may have: a read of oversized junk then stays within a few times this (with
+#: Redis' proto-max-bulk-len bounding each entry; see docs/reliability.md).
+READ_BUDGET_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -53,52 +57,6 @@ class AggregatorOptions:
     idle_block_ms: int = 200
     #: How often (s) a standby tries to take the lease.
     standby_poll_s: float = 0.5
-
-
-@dataclass
-class CommitWindow:
-    """What the open window did: its updates, its counters and its workers' changes, all
-    committed in one atomic step when the window closes."""
-
-    tally: UpdateTally = field(default_factory=UpdateTally)
-    counters: dict[str, int] = field(default_factory=dict)
-    workers: dict[str, tuple[dict[str, object], dict[str, int]]] = field(default_factory=dict)
-
-    @property
-    def applied(self) -> int:
-        return self.tally.updates
-
-    def _worker(self, worker_id: str) -> tuple[dict[str, object], dict[str, int]]:
-        return self.workers.setdefault(worker_id, ({}, {}))
-
-    def count(self, name: str, worker_id: str | None = None) -> None:
-        self.counters[name] = self.counters.get(name, 0) + 1
-        if worker_id is not None:
-            incr = self._worker(worker_id)[1]
-            incr[name] = incr.get(name, 0) + 1
-
-    def applied_update(self, msg: codec.GradientMessage, stats: UpdateStats) -> None:
-        self.tally.add(stats, msg.loss, msg.samples)
-        self.count("applied", msg.worker_id)
-        fields, incr = self._worker(msg.worker_id)
-        fields.update(last_staleness=stats.staleness, last_update_ms=now_ms(),
-                      last_loss=f"{msg.loss:.6g}")
-        incr["staleness_sum"] = incr.get("staleness_sum", 0) + stats.staleness
-
-    def metrics(self, updates: int, active_workers: int,
-                pi_tensors: list[float] | None) -> dict[str, object]:
-        means = self.tally.means()
-        row: dict[str, object] = {
-            "t_ms": now_ms(), "updates": updates, "applied": self.applied,
-            "rejected": sum(v for k, v in self.counters.items() if k.startswith("rejected:")),
-            "loss": f"{means['loss']:.6g}", "energy_ratio": f"{means['energy_ratio']:.6g}",
-            "median_pi": f"{means['median_pi']:.6g}",
-            "staleness_mean": f"{means['staleness_mean']:.4g}",
-            "staleness_max": self.tally.staleness_max, "active_workers": active_workers,
-        }
-        if pi_tensors is not None:
-            row["pi_tensors"] = json.dumps([round(p, 5) for p in pi_tensors])
-        return row
 
 
 class Leader:
@@ -118,6 +76,7 @@ class Leader:
         if params is None:
             raise RunLost(f"run {store.run_id}: the parameters of version {head.version} are "
                           "missing from Redis (was it restarted without persistence?)")
+        self.store = store
         self.config = config
         self.layout = layout
         self.theta = params.copy()  # writeable float32, the central variable
@@ -129,7 +88,9 @@ class Leader:
         self.expected = codec.Expected(config.run_id, layout.layout_id, layout.size,
                                        config.wire_dtype, config.max_message_bytes)
         self._last_heard: dict[str, float] = {}
-        self._logged: set[tuple[str, str]] = set()
+        self._registered: set[str] = set()  # senders known to have registered with the run
+        self._rejections = RejectionLog(config.run_id)
+        self.stall = StallWatch(config.max_rejected_in_a_row, config.stall_timeout_s)
         self._window = CommitWindow()
         self._ack: list[str] = []
         self._published_at = time.monotonic()
@@ -144,20 +105,29 @@ class Leader:
         return self.updates >= self.config.budget_updates
 
     @property
+    def read_count(self) -> int:
+        """Entries per read: ``read_batch``, fewer for large gradients (READ_BUDGET_BYTES)."""
+        return max(1, min(self.config.read_batch,
+                          READ_BUDGET_BYTES // self.expected.byte_limit))
+
+    @property
     def window_entries(self) -> int:
         """Entries read since the last commit (applied, rejected or unused)."""
         return len(self._ack)
 
     def absorb(self, entries: list[tuple[str, bytes | None, str | None]]) -> None:
         """Apply entries into the open window, in arrival order."""
+        self._learn_registered({sender for _, _, sender in entries if sender is not None})
         for entry_id, message, sender in entries:
             if self.budget_spent:
-                self._window.count("unused", sender)
+                self._window.count("unused", self._attributed(sender))
             else:
                 self._process_one(message, sender, self._window)
             self._ack.append(entry_id)
         if entries:
-            self.last_id = entries[-1][0]
+            # The newest id taken. Entries a deposed leader moved into the pending list come
+            # back later, older than it: the head's last_id must not go back to them.
+            self.last_id = max((self.last_id, *(e[0] for e in entries)), key=_stream_order)
 
     def commit_due(self) -> bool:
         """Whether the open window should be committed now, by the publication policy."""
@@ -194,20 +164,29 @@ class Leader:
         self.absorb(entries)
         return self.close()
 
+    def _learn_registered(self, senders: set[str]) -> None:
+        """Ask Redis, in one round trip, which senders never seen before registered."""
+        new = sorted(senders - self._registered)
+        known = self.store.registered(new)
+        self._registered.update(s for s, ok in zip(new, known, strict=True) if ok)
+
+    def _attributed(self, sender: str | None) -> str:
+        """Who a rejection is counted under: the sender, if it is a registered worker."""
+        return sender if sender in self._registered else UNKNOWN_WORKER
+
     def _process_one(self, message: bytes | None, sender: str | None,
                      window: CommitWindow) -> None:
         try:
             msg = codec.decode(message if message is not None else b"", self.expected)
-            if sender is not None and sender != msg.worker_id:
-                raise CodecError(codec.BAD_HEADER, f"header worker {msg.worker_id!r} "
-                                                   f"differs from sender {sender!r}")
+            _check_sender(sender, msg.worker_id, self._registered)
             staleness, snapshot = self._snapshot_for(msg.param_version)
         except CodecError as e:
-            self._reject(e, sender or UNKNOWN_WORKER, window)
+            self._reject(e, self._attributed(sender), window)
             return
         stats = self.rule.apply(self.theta, msg.gradient, snapshot, msg.worker_id, staleness)
         self.updates += 1
         self._last_heard[msg.worker_id] = time.monotonic()
+        self.stall.applied()
         window.applied_update(msg, stats)
 
     def _snapshot_for(self, version: int) -> tuple[int, np.ndarray]:
@@ -223,10 +202,8 @@ class Leader:
 
     def _reject(self, error: CodecError, worker_id: str, window: CommitWindow) -> None:
         window.count(f"rejected:{error.reason}", worker_id)
-        if (worker_id, error.reason) not in self._logged:
-            self._logged.add((worker_id, error.reason))
-            log.warning("run %s: rejected a gradient from %s: %s (logged once per worker "
-                        "and reason)", self.config.run_id, worker_id, error)
+        self.stall.rejected(error.reason)
+        self._rejections.rejected(worker_id, error)
 
     def _pi_tensors(self) -> list[float] | None:
         """Per-tensor median pi of the last update, at most every PI_TENSORS_EVERY_S: the
@@ -301,7 +278,9 @@ class Aggregator:
             return None
 
     def _release_lease(self) -> None:
-        with contextlib.suppress(*TRANSIENT_ERRORS):  # if Redis is away, it expires by itself
+        # On the way out, whatever Redis says (away, restarted empty): the lease expires by
+        # itself, and leaving must not hide the reason for leaving.
+        with contextlib.suppress(redis.RedisError):
             self.store.release_lease(self.token)
 
     @property
@@ -329,23 +308,21 @@ class Aggregator:
     def _lead(self, leader: Leader, shutdown: threading.Event) -> str:
         self.store.mark_running(self.token)
         # A new leader may inherit its predecessor's unacknowledged batch: no waiting yet.
-        read = self.store.fenced_read(self.token, self.options.lease_ms,
-                                      leader.config.read_batch)
+        read = self.store.fenced_read(self.token, self.options.lease_ms, leader.read_count)
         while True:
             leader.absorb([(entry_id, _field(f, b"m"), _sender(f))
                            for entry_id, f in read.entries])
-            final = (RunState.FINISHED if leader.budget_spent
-                     else RunState.STOPPED if read.stop_requested else None)
+            final, status = _final_state(leader, read)
             idle = not read.entries  # nothing came while blocked: flush what is open
             if final or shutdown.is_set():
                 last = leader.close()
-                if final:
-                    last.status = {"state": final, "ended_ms": now_ms()}
+                last.status = status
                 if final or last.ack:
                     self._commit(last, leader)
                 if final:
-                    log.info("run %s %s after %d updates", leader.config.run_id, final,
-                             leader.updates)
+                    log.log(logging.ERROR if final == RunState.FAILED else logging.INFO,
+                            "run %s %s after %d updates%s", leader.config.run_id, final,
+                            leader.updates, f": {status['error']}" if "error" in status else "")
                     return final
                 return "shutdown"
             due = (idle and leader.window_entries) or leader.commit_due()
@@ -364,7 +341,7 @@ class Aggregator:
         the pending list (a deposed leader's read, a lost reply); within a window only those
         past the entries already taken. It waits for new entries, inside the same round
         trip, once the pending list is known to be drained."""
-        count = leader.config.read_batch
+        count = leader.read_count
         drained = last.pending < count
         return ReadRequest(count, leader.last_id if leader.window_entries else "0",
                            self._idle_block_ms if drained else 0)
@@ -390,6 +367,38 @@ class Aggregator:
         return read
 
 
+def _final_state(leader: Leader, read: BatchRead) -> tuple[RunState | None, dict[str, object]]:
+    """Whether the run ends with this window: its final state and the status to commit."""
+    ended = {"ended_ms": now_ms()}
+    if leader.budget_spent:
+        return RunState.FINISHED, {"state": RunState.FINISHED, **ended}
+    if read.failed:  # by a worker; its error stands
+        return RunState.FAILED, {}
+    stalled = leader.stall.stalled()
+    if stalled is not None:
+        return RunState.FAILED, {"state": RunState.FAILED, "error": stalled, **ended}
+    if read.stop_requested:
+        return RunState.STOPPED, {"state": RunState.STOPPED, **ended}
+    return None, {}
+
+
+def _check_sender(sender: str | None, worker_id: str, registered: set[str]) -> None:
+    """No entry without a valid, registered sender that matches its header is applied."""
+    if sender is None:
+        raise CodecError(codec.BAD_SENDER, "the entry has no valid sender (field w)")
+    if sender != worker_id:
+        raise CodecError(codec.BAD_SENDER, f"header worker {worker_id!r} differs from "
+                                           f"sender {sender!r}")
+    if sender not in registered:
+        raise CodecError(codec.UNKNOWN_SENDER, f"worker {sender!r} never registered with "
+                                               "the run")
+
+
+def _stream_order(entry_id: str) -> tuple[int, int]:
+    milliseconds, _, sequence = entry_id.partition("-")
+    return int(milliseconds), int(sequence or 0)
+
+
 def _field(fields: dict[bytes, bytes] | None, name: bytes) -> bytes | None:
     return None if fields is None else fields.get(name)
 
@@ -407,6 +416,7 @@ def _sender(fields: dict[bytes, bytes] | None) -> str | None:
 def aggregator_main(url: str, run_id: str, lease_ms: int) -> None:
     """Entry point of a local aggregator process (numpy only: no torch is imported)."""
     shutdown = graceful_shutdown(ignore_sigint=True)
+    die_with_parent()  # a local run's aggregator must not outlive `gemq run`, however it ends
     setup_logging(logging.WARNING)
     client = connect(url)
     try:

@@ -28,12 +28,13 @@ from gemq.cliargs import (
     required,
     settings_of,
 )
-from gemq.config import BUDGET, TRAINING, TRANSPORT, make_config, validate_settings
+from gemq.config import BUDGET, LIMITS, TRAINING, TRANSPORT, make_config, validate_settings
 from gemq.errors import ConfigError, GemqError, RunExists
+from gemq.process import Terminated, raise_on_termination
 from gemq.sim.command import add_simulate_parser, cmd_simulate
 
 #: The run settings `gemq run` and `gemq create` take.
-RUN_GROUPS = (TRAINING, BUDGET, TRANSPORT)
+RUN_GROUPS = (TRAINING, BUDGET, TRANSPORT, LIMITS)
 _NEW_RUN_ID = "run id; default: run-<date>-<time>-<random>"
 
 
@@ -135,6 +136,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gemq: interrupted", file=sys.stderr)
         return 130
+    except Terminated as e:
+        print(f"gemq: stopped by {e}", file=sys.stderr)
+        return 128 + e.signum
 
 
 def _require_url(args: argparse.Namespace) -> str:
@@ -150,11 +154,13 @@ def _run_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from gemq.local import train
+    with raise_on_termination():  # from the first moment: a SIGTERM while torch loads too
+        from gemq.local import train
 
-    summary = train(workers=args.workers, worker_processes=args.worker_processes,
-                    redis_url=args.redis_url, out_dir=args.out, progress=not args.no_progress,
-                    device=args.device, **_run_settings(args))
+        summary = train(workers=args.workers, worker_processes=args.worker_processes,
+                        redis_url=args.redis_url, out_dir=args.out,
+                        progress=not args.no_progress, device=args.device,
+                        **_run_settings(args))
     if args.json:
         from gemq.summary import write_json
 

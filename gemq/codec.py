@@ -51,8 +51,13 @@ NON_FINITE = "non_finite"
 OUT_OF_RANGE = "out_of_range"
 TOO_STALE = "too_stale"
 FUTURE_VERSION = "future_version"
+# ...and two the aggregator adds from the stream entry itself: its `w` field is missing,
+# not a valid worker id or not the header's; or names a worker that never registered.
+BAD_SENDER = "bad_sender"
+UNKNOWN_SENDER = "unknown_sender"
 REASONS = (MALFORMED, TOO_LARGE, BAD_FORMAT, BAD_HEADER, WRONG_RUN, WRONG_LAYOUT,
-           WRONG_DTYPE, WRONG_LENGTH, NON_FINITE, OUT_OF_RANGE, TOO_STALE, FUTURE_VERSION)
+           WRONG_DTYPE, WRONG_LENGTH, NON_FINITE, OUT_OF_RANGE, TOO_STALE, FUTURE_VERSION,
+           BAD_SENDER, UNKNOWN_SENDER)
 #: Gradient elements beyond this magnitude are refused: no real training produces them, and
 #: applied they would overflow float32 parameters and energies.
 MAX_ABS_GRADIENT = 1e12

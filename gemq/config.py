@@ -28,7 +28,7 @@ DCASGD_LAMBDA = 1.0
 #: The budget when the user gives neither epochs nor steps.
 DEFAULT_EPOCHS = 10.0
 #: Groups of user settings: how the CLI's --help, the API docs and the form arrange them.
-TRAINING, BUDGET, TRANSPORT = "training", "budget", "transport"
+TRAINING, BUDGET, TRANSPORT, LIMITS = "training", "budget", "transport", "limits"
 
 
 @dataclass(frozen=True)
@@ -144,6 +144,17 @@ class RunConfig:
     #: ...and at least this many milliseconds have passed since it (0: no wait).
     publish_interval_ms: int = _setting(0, "...and this many ms have passed since it "
                                         "(0: no wait)", group=TRANSPORT, low=0, high=60_000)
+    #: A run that cannot make progress fails instead of spinning: after this many gradients
+    #: in a row were rejected...
+    max_rejected_in_a_row: int = _setting(1000, "the run fails after this many gradients in "
+                                          "a row were rejected", group=LIMITS,
+                                          low=1, high=10**9)
+    #: ...or once no update was applied for this long (s) while gradients were rejected or
+    #: workers could not publish. A run with no worker at all simply waits.
+    stall_timeout_s: float = _setting(120.0, "the run fails when no update was applied for "
+                                      "this many seconds while gradients were rejected or "
+                                      "could not be published", group=LIMITS,
+                                      low=1, high=10**6)
 
     def __post_init__(self) -> None:
         _check_run_id(self.run_id)

@@ -20,6 +20,7 @@ from pathlib import Path
 import redis
 
 from gemq.errors import GemqError
+from gemq.process import parent_death_signal_preexec
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +53,15 @@ class EmbeddedRedis:
     def __init__(self, *, port: int | None = None, appendonly: bool = False,
                  directory: str | Path | None = None, password: str | None = None,
                  tls: tuple[Path, Path] | None = None,
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 extra_args: tuple[str, ...] = (), die_with_owner: bool = False) -> None:
         self.port = port or free_port()
         self.appendonly = appendonly
         self.password = password
         self.tls = tls  # (certificate, key); clients verify against the same certificate
         self.extra_args = extra_args
+        #: The server gets SIGTERM when the thread that started it dies, even by SIGKILL
+        #: (Linux): a private Redis must not outlive the run that owns it.
+        self.die_with_owner = die_with_owner
         self._own_dir = directory is None
         self.directory = Path(directory or tempfile.mkdtemp(prefix="gemq-redis-"))
         self.process: subprocess.Popen[bytes] | None = None
@@ -81,8 +85,10 @@ class EmbeddedRedis:
             args += ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(cert),
                      "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert),
                      "--tls-auth-clients", "no"]
-        self.process = subprocess.Popen([*args, *self.extra_args], stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, cwd=self.directory)
+        self.process = subprocess.Popen(
+            [*args, *self.extra_args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cwd=self.directory,
+            preexec_fn=parent_death_signal_preexec if self.die_with_owner else None)
         atexit.register(self.stop)
         self._wait_ready(timeout_s)
         return self

@@ -38,6 +38,10 @@ class RunLost(GemqError):
     """A run's committed state vanished from Redis (restarted without persistence?)."""
 
 
+class PublishRefused(GemqError):
+    """Redis would not add a worker's gradient to the run's stream (the message says why)."""
+
+
 class FencedError(GemqError):
     """This aggregator no longer holds the run's lease; its writes were refused."""
 

@@ -18,8 +18,10 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
+import redis
 import torch
 
+from gemq import codec
 from gemq.aggregator import aggregator_main
 from gemq.config import USER_SETTINGS, RunConfig, make_config, validate_settings
 from gemq.connection import connect, redact
@@ -29,15 +31,19 @@ from gemq.errors import ConfigError, GemqError
 from gemq.evaluate import evaluate, save_state_dict
 from gemq.flatmodel import load_flat
 from gemq.models import build_model
+from gemq.process import raise_on_termination
 from gemq.progress import ProgressDisplay
 from gemq.runs import create_run
 from gemq.specs import spec_of
-from gemq.store import RunState, RunStore
+from gemq.store import ENDED, RunState, RunStore
 from gemq.summary import run_totals, write_json
 from gemq.worker import worker_main
 
 log = logging.getLogger(__name__)
 
+#: Redis' smallest allowed proto-max-bulk-len, and room beyond a run's largest value.
+MIN_BULK_LEN = 1024 * 1024
+BULK_LEN_SLACK = 64 * 1024
 #: Worker processes yield the CPU to the aggregator and Redis: on a machine with fewer cores
 #: than processes, a starved aggregator lets the stream back up and staleness grow.
 LOCAL_WORKER_NICENESS = 5
@@ -69,6 +75,7 @@ def train(model: ModelSpec = DEFAULT_MODEL, dataset: DatasetSpec = DEFAULT_DATAS
           seed: int | None = None, max_staleness: int | None = None,
           max_pending: int | None = None, wire_dtype: str | None = None,
           publish_every: int | None = None, publish_interval_ms: int | None = None,
+          max_rejected_in_a_row: int | None = None, stall_timeout_s: float | None = None,
           run_id: str | None = None, redis_url: str | None = None,
           out_dir: str | Path | None = None, progress: bool = True, device: str = "cpu",
           worker_processes: int = 0) -> dict[str, Any]:
@@ -80,13 +87,9 @@ def train(model: ModelSpec = DEFAULT_MODEL, dataset: DatasetSpec = DEFAULT_DATAS
     or ``steps`` (updates). Every setting left None takes RunConfig's default (see
     ``gemq run --help``, or gemq.config, for each one's meaning, default and range).
     """
-    settings: dict[str, Any] = {
-        "model": _spec(model), "dataset": _spec(dataset), "epochs": epochs, "steps": steps,
-        "algo": algo, "proxy": proxy, "lr": lr, "momentum": momentum, "kappa": kappa,
-        "pi_max": pi_max, "batch_size": batch_size, "seed": seed,
-        "max_staleness": max_staleness, "max_pending": max_pending, "wire_dtype": wire_dtype,
-        "publish_every": publish_every, "publish_interval_ms": publish_interval_ms,
-        "run_id": run_id}
+    given = locals()  # the arguments, by name: one per user setting (a test checks)
+    settings: dict[str, Any] = {s.name: given[s.name] for s in USER_SETTINGS}
+    settings.update(model=_spec(model), dataset=_spec(dataset), run_id=run_id)
     validate_settings(settings)  # every setting, before the dataset is loaded
     data = load_dataset(settings["dataset"])
     config = make_config(settings, train_samples=len(data.train))  # type: ignore[arg-type]
@@ -107,10 +110,13 @@ def run_local(config: RunConfig, options: LocalOptions,
         raise ConfigError("workers", f"must be at least 1, got {options.workers}")
     data = data or load_dataset(config.dataset)
     started = time.monotonic()
-    with _redis(options.redis_url) as url:
+    # SIGTERM and SIGHUP unwind like Ctrl-C: children stopped, the private Redis with them.
+    with raise_on_termination(), _redis(options.redis_url) as url:
         client = connect(url)
         try:
             store = create_run(client, config, data)
+            if options.redis_url is None:
+                _refuse_oversized_values(client, store, config)
             _supervise(url, store, config, options)
             summary = run_totals(store)
             summary["redis"] = "embedded" if options.redis_url is None else redact(url)
@@ -126,9 +132,20 @@ def _redis(url: str | None) -> Iterator[str]:
     if url:
         yield url
         return
-    with EmbeddedRedis() as server:
+    with EmbeddedRedis(die_with_owner=True) as server:
         log.info("started a private redis-server on port %d", server.port)
         yield server.url
+
+
+def _refuse_oversized_values(client: redis.Redis, store: RunStore, config: RunConfig) -> None:
+    """Make the private Redis refuse any value larger than this run's largest legal one (a
+    parameter vector or a gradient message): an oversized stream entry is then refused when
+    it is written, and never reaches the aggregator's memory."""
+    size = store.layout().size
+    expected = codec.Expected(config.run_id, "", size, config.wire_dtype,
+                              config.max_message_bytes)
+    largest = max(4 * size, expected.byte_limit)
+    client.config_set("proto-max-bulk-len", max(MIN_BULK_LEN, largest + BULK_LEN_SLACK))
 
 
 def _supervise(url: str, store: RunStore, config: RunConfig, options: LocalOptions) -> None:
@@ -153,13 +170,19 @@ def _supervise(url: str, store: RunStore, config: RunConfig, options: LocalOptio
             aggregator.join(0.25)
             display.poll()
             if not any(w.is_alive() for w in workers) and aggregator.is_alive():
+                if store.state() in ENDED:  # they left because the run ended
+                    aggregator.join(10)
+                    break
                 raise GemqError("every worker process exited before the run finished; "
                                 f"codes: {[w.exitcode for w in workers]}")
         display.poll()
         display.close()
-        if aggregator.exitcode != 0 or store.state() != RunState.FINISHED:
+        status = store.status()
+        if status["state"] == RunState.FAILED and status.get("error"):
+            raise GemqError(f"run {config.run_id} failed: {status['error']}")
+        if aggregator.exitcode != 0 or status["state"] != RunState.FINISHED:
             raise GemqError(f"the aggregator ended with code {aggregator.exitcode}, run state "
-                            f"{store.state()!r}; see the log above")
+                            f"{status['state']!r}; see the log above")
         for worker in workers:
             worker.join(30)
     finally:

@@ -16,12 +16,13 @@ end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 """
 
-#: KEYS: lease, status.  ARGV: token, lease_ms.  Renews the lease; returns stop_requested.
+#: KEYS: lease, status.  ARGV: token, lease_ms.  Renews the lease; returns
+#: [stop_requested, state] (a run failed by a worker must stop its leader too).
 #: The batch itself is read outside the script, in the same pipeline: a script would copy
 #: every message into Lua and back. Reading needs no fence: a stale leader's read only moves
 #: entries into the group's pending list, which the leader reads before anything new.
 RENEW = FENCE.replace("ON_FENCED", "") + """
-return redis.call('HGET', KEYS[2], 'stop_requested')
+return redis.call('HMGET', KEYS[2], 'stop_requested', 'state')
 """
 
 #: KEYS: lease, head, versions, gradients, metrics, counters, workers, status, new params,
@@ -29,12 +30,26 @@ return redis.call('HGET', KEYS[2], 'stop_requested')
 #:       plan.workers entry.
 #: ARGV: token, lease_ms, msgpack plan.
 #: Everything a batch changes lands in this one atomic step: parameters, head, the XACK of
-#: the batch, trimming, metrics, counters and worker state. The parameters were SET to the
-#: staging key just before, in the same pipeline (not a transaction: this script is the
-#: atomic step); they are renamed into place (no copy) or discarded. It is
+#: the batch, trimming, metrics, counters and worker state. The trim never passes an entry
+#: still pending outside this window (a deposed leader's read may have moved entries into
+#: the pending list while this one read past them): those stay until they are applied.
+#: The parameters were SET to the staging key just before, in the same pipeline (not a
+#: transaction: this script is the atomic step); they are renamed into place (no copy) or
+#: discarded. It is
 #: idempotent: it applies only on top of the head it was computed from (plan.prev_id), so a
 #: commit re-sent after a lost reply changes nothing and returns 0.
 COMMIT = FENCE.replace("ON_FENCED", "redis.call('DEL', KEYS[10])") + """
+-- Stream ids compared as 'ms-seq' pairs of 64-bit decimals (Lua's numbers would round).
+local function id_less(a, b)
+  local am, as = string.match(a, '(%d+)-(%d+)')
+  local bm, bs = string.match(b, '(%d+)-(%d+)')
+  local function less(x, y)
+    if #x ~= #y then return #x < #y end
+    return x < y
+  end
+  if am ~= bm then return less(am, bm) end
+  return less(as, bs)
+end
 local plan = cmsgpack.unpack(ARGV[3])
 if redis.call('HGET', KEYS[2], 'last_id') ~= plan.prev_id then
   redis.call('DEL', KEYS[10])
@@ -54,7 +69,10 @@ redis.call('HSET', KEYS[2], 'version', plan.version, 'updates', plan.updates,
            'last_id', plan.last_id)
 if #plan.ack > 0 then
   redis.call('XACK', KEYS[4], plan.group, unpack(plan.ack))
-  redis.call('XTRIM', KEYS[4], 'MINID', plan.last_id)
+  local keep = plan.last_id
+  local pending = redis.call('XPENDING', KEYS[4], plan.group)
+  if pending[1] > 0 and id_less(pending[2], keep) then keep = pending[2] end
+  redis.call('XTRIM', KEYS[4], 'MINID', keep)
 end
 if #plan.metrics > 0 then
   redis.call('XADD', KEYS[5], 'MAXLEN', '~', plan.metrics_maxlen, '*', unpack(plan.metrics))
@@ -64,13 +82,42 @@ for field, n in pairs(plan.counters) do
 end
 for i, w in ipairs(plan.workers) do
   local key = KEYS[fixed + plan.n_drop + i]
-  redis.call('SADD', KEYS[7], w.id)
   if #w.set > 0 then redis.call('HSET', key, unpack(w.set)) end
   for field, n in pairs(w.incr) do redis.call('HINCRBY', key, field, n) end
 end
 if #plan.status > 0 then
   redis.call('HSET', KEYS[8], unpack(plan.status))
 end
+return 1
+"""
+
+#: A worker's publication is one MULTI: MARK, the XADD of the gradient, then COUNTED. The
+#: gradient never passes through Lua (Redis would hash every byte of it); COUNTED sees
+#: whether the XADD took by the stream's length, which nothing else can change inside the
+#: MULTI, and counts the gradient only then: `published` counts entries that exist.
+#: KEYS: gradients, worker hash.
+MARK = """
+redis.call('HSET', KEYS[2], 'stream_length', redis.call('XLEN', KEYS[1]))
+"""
+
+#: KEYS: gradients, worker hash, counters, workers (zset).  ARGV: worker id, now_ms.
+#: Returns 1 if the gradient was added (and counted), else 0. Registers the worker: the
+#: aggregator attributes gradients only to registered workers.
+COUNTED = """
+local before = tonumber(redis.call('HGET', KEYS[2], 'stream_length'))
+if redis.call('XLEN', KEYS[1]) ~= before + 1 then return 0 end
+redis.call('HINCRBY', KEYS[3], 'published', 1)
+redis.call('HINCRBY', KEYS[2], 'steps', 1)
+redis.call('HSET', KEYS[2], 'heartbeat_ms', ARGV[2])
+redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1])
+return 1
+"""
+
+#: KEYS: status.  ARGV: error, now_ms.  Fails a run that has not ended; returns 1 if it did.
+FAIL = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state == 'finished' or state == 'stopped' or state == 'failed' then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'failed', 'error', ARGV[1], 'ended_ms', ARGV[2])
 return 1
 """
 

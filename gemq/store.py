@@ -21,7 +21,7 @@ from redis.exceptions import NoScriptError
 
 from gemq import scripts
 from gemq.config import RunConfig
-from gemq.errors import FencedError, RunExists, RunNotFound
+from gemq.errors import FencedError, PublishRefused, RunExists, RunNotFound
 from gemq.keys import AGGREGATOR_CONSUMER, AGGREGATOR_GROUP, RUNS_INDEX, RunKeys
 from gemq.layout import ParamLayout
 
@@ -40,6 +40,10 @@ ENDED = frozenset({RunState.FINISHED, RunState.STOPPED, RunState.FAILED})
 Fields = dict[bytes, bytes]
 #: Metrics entries kept per run (approximately: trimming is lazy).
 METRICS_MAXLEN = 20_000
+#: The largest stream entry id: once a stream holds it, no XADD can succeed.
+LAST_POSSIBLE_ID = f"{2**64 - 1}-{2**64 - 1}"
+#: Workers a listing shows at most (the most recently heard from).
+WORKER_LISTING = 200
 #: A staged parameter vector whose commit script never ran (the leader died between its SET
 #: and the script, or was fenced) is deleted by Redis after this long.
 STAGING_TTL_MS = 60_000
@@ -89,6 +93,8 @@ class BatchRead:
     """What one fenced read returned."""
 
     stop_requested: bool
+    #: The run was failed meanwhile (by a worker that cannot publish): stop leading.
+    failed: bool
     #: (stream id, fields or None): unacknowledged entries first, then new ones.
     entries: list[tuple[str, Fields | None]]
     #: How many of the entries came from the pending list.
@@ -116,6 +122,7 @@ class RunStore:
         self._renew = client.register_script(scripts.RENEW)
         self._commit = client.register_script(scripts.COMMIT)
         self._release = client.register_script(scripts.RELEASE)
+        self._fail = client.register_script(scripts.FAIL)
 
     @property
     def run_id(self) -> str:
@@ -203,6 +210,10 @@ class RunStore:
     def request_stop(self) -> None:
         self._r.hset(self.keys.status, "stop_requested", now_ms())
 
+    def fail(self, error: str) -> bool:
+        """Mark the run failed with ``error`` unless it has ended; True if this did it."""
+        return bool(self._fail(keys=[self.keys.status], args=[error, now_ms()]))
+
     def counters(self) -> dict[str, int]:
         raw = self._r.hgetall(self.keys.counters)
         return {k.decode(): int(v) for k, v in raw.items()}
@@ -218,7 +229,9 @@ class RunStore:
         """XADD one gradient and count it, atomically (so published counts are exact)."""
         pipe = self._r.pipeline(transaction=True)
         self._queue_publish(pipe, worker_id, message)
-        return str(pipe.execute()[0].decode())
+        replies = pipe.execute(raise_on_error=False)
+        _check_published(replies)
+        return str(replies[1].decode())
 
     def publish_and_view(self, worker_id: str, message: bytes) -> StepView:
         """``publish_gradient``, then ``step_view`` for the worker's next step, in one
@@ -226,15 +239,20 @@ class RunStore:
         pipe = self._r.pipeline(transaction=True)
         self._queue_publish(pipe, worker_id, message)
         self._queue_view(pipe)
-        return self._view_of(pipe.execute()[-3:])
+        replies = pipe.execute(raise_on_error=False)
+        _check_published(replies)
+        return self._view_of(replies[-3:])
 
     def _queue_publish(self, pipe: Any, worker_id: str, message: bytes) -> None:
+        """Three commands (see scripts.MARK): the XADD is counted only if it took. The
+        scripts go by their text (EVAL): inside a MULTI an unknown SHA would fail after the
+        XADD had run, leaving it uncounted."""
         k = self.keys
+        worker = k.worker(worker_id)
+        pipe.eval(scripts.MARK, 2, k.gradients, worker)
         pipe.xadd(k.gradients, {"w": worker_id, "m": message})
-        pipe.hincrby(k.counters, "published", 1)
-        pipe.hincrby(k.worker(worker_id), "steps", 1)
-        pipe.hset(k.worker(worker_id), "heartbeat_ms", now_ms())
-        pipe.sadd(k.workers, worker_id)
+        pipe.eval(scripts.COUNTED, 4, k.gradients, worker, k.counters, k.workers, worker_id,
+                  now_ms())
 
     def _queue_view(self, pipe: Any) -> None:
         pipe.hget(self.keys.head, "version")
@@ -248,15 +266,31 @@ class RunStore:
         return StepView(int(version), int(pending), state.decode())
 
     def heartbeat(self, worker_id: str) -> None:
-        self._r.hset(self.keys.worker(worker_id), "heartbeat_ms", now_ms())
+        now = now_ms()
+        pipe = self._r.pipeline(transaction=False)
+        pipe.hset(self.keys.worker(worker_id), "heartbeat_ms", now)
+        pipe.zadd(self.keys.workers, {worker_id: now})
+        pipe.execute()
 
-    def worker_states(self) -> dict[str, dict[str, str]]:
-        ids = sorted(w.decode() for w in self._r.smembers(self.keys.workers))
+    def worker_states(self, limit: int = WORKER_LISTING) -> dict[str, dict[str, str]]:
+        """The ``limit`` workers heard from most recently, by id."""
+        ids = sorted(w.decode() for w in self._r.zrevrange(self.keys.workers, 0, limit - 1))
         pipe = self._r.pipeline(transaction=False)
         for worker_id in ids:
             pipe.hgetall(self.keys.worker(worker_id))
         return {worker_id: {k.decode(): v.decode() for k, v in raw.items()}
                 for worker_id, raw in zip(ids, pipe.execute(), strict=True)}
+
+    def worker_count(self, since_ms: int = 0) -> int:
+        """Workers registered with the run (heard from since ``since_ms``, if given)."""
+        return int(self._r.zcount(self.keys.workers, since_ms, "+inf"))
+
+    def registered(self, worker_ids: list[str]) -> list[bool]:
+        """Whether each worker has published to this run (in one round trip)."""
+        if not worker_ids:
+            return []
+        scores = self._r.zmscore(self.keys.workers, worker_ids)
+        return [score is not None for score in scores]
 
     # --- the aggregator's side ----------------------------------------------------------
 
@@ -332,20 +366,20 @@ class RunStore:
                         count=request.count, block=request.block_ms or None)
 
     def _read_result(self, replies: list[Any], count: int) -> BatchRead:
-        stop, pending, new = replies
-        for reply in (stop, pending, new):
+        status, pending, new = replies
+        for reply in (status, pending, new):
             if isinstance(reply, redis.ResponseError) and str(reply).startswith("NOGROUP"):
                 raise RunNotFound(f"run {self.run_id!r}: its gradient stream is gone")
             if isinstance(reply, Exception):
                 raise _fenced_or(reply) if isinstance(reply, redis.ResponseError) else reply
+        stop, failed = status[0] is not None, status[1] == RunState.FAILED.encode()
         pending_entries = _entries(pending)
         if len(pending_entries) >= count:
             # More may be pending than one read returns. The new entries are in the pending
             # list now, after those: taken here, they would move the commit's trim past
             # pending entries not applied yet. They come back through the pending reads.
-            return BatchRead(stop is not None, pending_entries, len(pending_entries))
-        return BatchRead(stop is not None, pending_entries + _entries(new),
-                         len(pending_entries))
+            return BatchRead(stop, failed, pending_entries, len(pending_entries))
+        return BatchRead(stop, failed, pending_entries + _entries(new), len(pending_entries))
 
     def _queue_commit(self, pipe: Any, token: str, lease_ms: int, plan: CommitPlan,
                       params: np.ndarray) -> None:
@@ -389,9 +423,18 @@ class RunStore:
             raise reply
         return bool(reply)
 
-    def unconsumed(self, after_id: str, limit: int = 100_000) -> int:
-        """Entries in the stream newer than ``after_id``: published but not yet read."""
-        return len(self._r.xrange(self.keys.gradients, min=f"({after_id}", count=limit))
+    def unconsumed(self, limit: int = 100_000) -> int:
+        """Entries in the stream no commit has acknowledged: pending (read, not yet
+        committed) or never read at all."""
+        groups = self._r.xinfo_groups(self.keys.gradients)
+        group = next((g for g in groups if g["name"] == AGGREGATOR_GROUP.encode()), None)
+        if group is None:
+            return 0
+        delivered = group["last-delivered-id"].decode()
+        if delivered == LAST_POSSIBLE_ID:
+            return int(group["pending"])  # nothing can come after it
+        unread = self._r.xrange(self.keys.gradients, min=f"({delivered}", count=limit)
+        return int(group["pending"]) + len(unread)
 
     def metrics_since(self, after_id: str = "0-0",
                       count: int = 1000) -> list[tuple[str, dict[str, str]]]:
@@ -437,6 +480,17 @@ def _entries(reply: Any) -> list[tuple[str, Fields | None]]:
         return []
     (_stream, rows), = reply
     return [(entry_id.decode(), fields or None) for entry_id, fields in rows]
+
+
+def _check_published(replies: list[Any]) -> None:
+    """Raise what kept a publication's MULTI (MARK, XADD, COUNTED) from adding its entry."""
+    for reply in replies[:3]:
+        if isinstance(reply, redis.ResponseError):
+            raise PublishRefused(f"Redis refused the gradient: {reply}") from reply
+        if isinstance(reply, Exception):
+            raise reply
+    if replies[2] != 1:
+        raise PublishRefused("Redis did not add the gradient to the stream")
 
 
 def _fenced_or(error: Exception) -> Exception:

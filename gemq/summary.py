@@ -26,7 +26,7 @@ def run_totals(store: RunStore) -> dict[str, Any]:
         "published": counters.get("published", 0),
         "rejected": {k.removeprefix("rejected:"): v for k, v in sorted(counters.items())
                      if k.startswith("rejected:")},
-        "unused": counters.get("unused", 0) + store.unconsumed(head.last_id),
+        "unused": counters.get("unused", 0) + store.unconsumed(),
         "version": head.version,
         "staleness_mean": _weighted(rows, "staleness_mean", applied, weight),
         "staleness_max": max((int(r["staleness_max"]) for r in rows), default=0),

@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+import redis
 import torch
 from torch import nn
 
@@ -19,10 +20,10 @@ from gemq import codec
 from gemq.config import RunConfig
 from gemq.connection import TRANSIENT_ERRORS, Backoff, connect
 from gemq.data import DataSplit, load_dataset, minibatches, worker_seed
-from gemq.errors import GemqError
+from gemq.errors import GemqError, PublishRefused
 from gemq.flatmodel import FlatModel
 from gemq.models import build_model, layout_of
-from gemq.process import graceful_shutdown, keep_freed_memory, setup_logging
+from gemq.process import die_with_parent, graceful_shutdown, keep_freed_memory, setup_logging
 from gemq.store import ENDED, RunState, RunStore, StepView
 
 log = logging.getLogger(__name__)
@@ -75,9 +76,12 @@ class Worker:
         """Work until the run ends or ``shutdown`` is set; return the steps published.
 
         A Redis outage costs the step in flight (it is computed again on fresh parameters
-        once Redis answers), never a duplicate: the client does not re-send commands.
+        once Redis answers), never a duplicate: the client does not re-send commands. Any
+        other Redis error (a refused gradient, say) is reported and retried with backoff;
+        if it lasts the run's stall_timeout_s, the worker fails the run with it.
         """
         outage = Backoff(f"worker {self.worker_id}")
+        refusals = Refusals(self.worker_id, self.config.stall_timeout_s)
         while not shutdown.is_set():
             try:
                 if not self._step(shutdown):
@@ -85,8 +89,21 @@ class Worker:
             except TRANSIENT_ERRORS as e:
                 outage.wait(shutdown, e)
                 continue
+            except (PublishRefused, redis.ResponseError) as e:
+                if refusals.persisted(e):
+                    self._fail_run(e)
+                    break
+                refusals.wait(shutdown)
+                continue
             outage.reset()
+            refusals.reset()
         return self.steps
+
+    def _fail_run(self, error: Exception) -> None:
+        message = (f"workers could not publish for {self.config.stall_timeout_s:g}s: "
+                   f"{error}")
+        if self.store.fail(message):
+            log.error("run %s failed: %s", self.config.run_id, message)
 
     def _step(self, shutdown: threading.Event) -> bool:
         """One gradient (or one wait); False once the run has ended."""
@@ -116,6 +133,35 @@ class Worker:
             self.store.heartbeat(self.worker_id)
             self._last_heartbeat = time.monotonic()
         shutdown.wait(self.options.backpressure_poll_s)
+
+
+class Refusals:
+    """A worker's run of Redis errors that retrying does not cure: reported once, waited
+    out with capped backoff, and called persistent after ``limit_s``."""
+
+    def __init__(self, worker_id: str, limit_s: float, first_s: float = 0.1,
+                 cap_s: float = 5.0) -> None:
+        self.worker_id, self.limit_s = worker_id, limit_s
+        self.first_s, self.cap_s = first_s, cap_s
+        self.delay = first_s
+        self.since: float | None = None
+
+    def persisted(self, error: Exception) -> bool:
+        """Note ``error``; True once errors have lasted ``limit_s`` without a success."""
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+            log.warning("worker %s: %s; retrying with backoff", self.worker_id, error)
+        return now - self.since >= self.limit_s
+
+    def wait(self, stop: threading.Event) -> None:
+        stop.wait(self.delay)
+        self.delay = min(self.delay * 2, self.cap_s)
+
+    def reset(self) -> None:
+        if self.since is not None:
+            log.info("worker %s: Redis takes gradients again", self.worker_id)
+        self.delay, self.since = self.first_s, None
 
 
 def run_workers(store: RunStore, worker_ids: list[str], options: WorkerOptions,
@@ -151,6 +197,7 @@ def worker_main(url: str, run_id: str, worker_ids: list[str], device: str,
                 niceness: int = 0) -> None:
     """Entry point of a local worker process hosting ``worker_ids``."""
     shutdown = graceful_shutdown(ignore_sigint=True)
+    die_with_parent()  # a local run's workers must not outlive `gemq run`, however it ends
     setup_logging(logging.WARNING)
     if niceness:
         os.nice(niceness)

@@ -1,7 +1,8 @@
 """The rq job layer: a run's aggregation is one job on the aggregator queue.
 
 Jobs are serialised as JSON (no pickle). The job function imports numpy only, so the
-aggregator service needs no torch.
+aggregator service needs no torch. It runs in an rq work horse; the service forwards its
+SIGTERM there, and the job then commits its batch, releases the run's lease and returns.
 """
 
 from __future__ import annotations
@@ -19,6 +20,15 @@ from gemq.aggregator import Aggregator, AggregatorOptions
 from gemq.store import RunState, RunStore, now_ms
 
 log = logging.getLogger(__name__)
+
+#: Set in a work horse that is asked to leave (SIGTERM): the job commits its batch, releases
+#: the run's lease and returns. One job per horse, so one event per process.
+leave = threading.Event()
+
+
+def leave_on_sigterm() -> None:
+    """In a work horse: SIGTERM sets ``leave`` (rq's default would kill the horse)."""
+    signal.signal(signal.SIGTERM, lambda *_: leave.set())
 
 
 def queue(client: redis.Redis, name: str) -> Queue:
@@ -58,10 +68,14 @@ def aggregate(run_id: str, lease_ms: int = 5000) -> str:
     job = get_current_job()
     assert job is not None, "aggregate() runs inside an rq job"
     store = RunStore(job.connection, run_id)
-    shutdown = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: shutdown.set())  # finish the batch, then leave
+    leave_on_sigterm()  # installed by the service's worker already; here for any other rq worker
     try:
-        return Aggregator(store, AggregatorOptions(lease_ms=lease_ms)).run(shutdown)
+        final = Aggregator(store, AggregatorOptions(lease_ms=lease_ms)).run(leave)
     except Exception as e:
         store.set_status(state=RunState.FAILED, error=f"{type(e).__name__}: {e}", ended_ms=now_ms())
         raise
+    if final == "shutdown" and store.state() == RunState.CREATED:
+        # Asked to leave before it ever led: only a running run without a lease is taken
+        # over by the standbys, so mark it running rather than leave it waiting forever.
+        store.mark_running(f"none (job {job.id} left before leading)")
+    return final

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 DEFAULT_HEARTBEAT_FILE = "/tmp/gemq-heartbeat"
 HEARTBEAT_PERIOD_S = 5.0
@@ -34,6 +36,18 @@ def start_heartbeat(path: str, stop: threading.Event | None = None) -> threading
     return thread
 
 
+def redis_error(url: str, timeout_s: float = 2.0) -> str | None:
+    """None if Redis at ``url`` answers one PING within ``timeout_s`` (to connect, then to
+    answer), else the error. One attempt: the caller decides whether to try again."""
+    try:
+        with redis.Redis.from_url(url, socket_connect_timeout=timeout_s,
+                                  socket_timeout=timeout_s, retry=Retry(NoBackoff(), 0)) as client:
+            client.ping()
+    except (redis.RedisError, OSError) as e:
+        return str(e) or type(e).__name__
+    return None
+
+
 def check(path: str, max_age_s: float, redis_url: str | None) -> str | None:
     """None when healthy, else the reason."""
     try:
@@ -42,14 +56,8 @@ def check(path: str, max_age_s: float, redis_url: str | None) -> str | None:
         return f"no heartbeat file {path}"
     if age > max_age_s:
         return f"heartbeat {age:.0f}s old (limit {max_age_s:.0f}s)"
-    if redis_url:
-        try:
-            with redis.Redis.from_url(redis_url, socket_connect_timeout=2,
-                                      socket_timeout=2) as client:
-                client.ping()
-        except (redis.RedisError, OSError) as e:
-            return f"Redis not reachable: {e}"
-    return None
+    error = redis_error(redis_url) if redis_url else None
+    return f"Redis not reachable: {error}" if error else None
 
 
 def main(argv: list[str] | None = None) -> int:

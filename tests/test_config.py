@@ -25,7 +25,8 @@ DEFAULTS = {
     "budget_updates": 1000, "model": "cnn", "dataset": "mnist5k", "seed": 0,
     "max_staleness": 512, "history": 64, "max_pending": 64, "read_batch": 32,
     "worker_timeout_s": 60.0, "max_message_bytes": 0, "wire_dtype": "float32",
-    "publish_every": 1, "publish_interval_ms": 0,
+    "publish_every": 1, "publish_interval_ms": 0, "max_rejected_in_a_row": 1000,
+    "stall_timeout_s": 120.0,
 }
 
 
@@ -365,7 +366,7 @@ def test_lr_from_the_api_reaches_runconfig_through_make_config(
     from gemq.services.settings import ApiSettings
 
     app = create_app(ApiSettings(redis_url="redis://127.0.0.1:1/0"))
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:
         form = {s["name"]: s for s in client.get("/api/settings").json()["settings"]}
         assert list(form) == [s.name for s in USER_SETTINGS]
         assert (form["lr"]["default"], form["lr"]["minimum"], form["lr"]["maximum"],
@@ -377,3 +378,16 @@ def test_lr_from_the_api_reaches_runconfig_through_make_config(
             client.post("/api/runs", json={"lr": 0.123, "model": "logreg",
                                            "dataset": "digits"})
     assert [c.lr for c in make_config_spy] == [0.123]
+
+
+def test_gemq_train_takes_every_user_setting_by_name() -> None:
+    """gemq.train's signature is real (no **kwargs) and offers every setting the CLI and the
+    API offer, each defaulting to None (RunConfig's default) but model and dataset."""
+    from gemq.config import USER_SETTINGS
+    from gemq.local import DEFAULT_DATASET, DEFAULT_MODEL, train
+
+    parameters = inspect.signature(train).parameters
+    assert not [p for p in parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
+    for setting in USER_SETTINGS:
+        expected = {"model": DEFAULT_MODEL, "dataset": DEFAULT_DATASET}.get(setting.name)
+        assert parameters[setting.name].default == expected, setting.name

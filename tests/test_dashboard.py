@@ -96,12 +96,17 @@ def _browser_page(name: str) -> Iterator[tuple[Page, list[str]]]:
             browser.close()
 
 
+def _api(api_url: str) -> httpx.Client:
+    """The API as the test itself calls it, with the token."""
+    return httpx.Client(base_url=api_url, timeout=30,
+                        headers={"Authorization": f"Bearer {TOKEN}"})
+
+
 @pytest.mark.browser
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_dashboard_watches_and_stops_a_live_run(api_url: str) -> None:
-    with httpx.Client(base_url=api_url, timeout=30,
-                      headers={"Authorization": f"Bearer {TOKEN}"}) as api:
+    with _api(api_url) as api:
         created = api.post("/api/runs", json={"run_id": RUN, **TINY})
         assert created.status_code == 201, created.text
 
@@ -181,8 +186,7 @@ def _number(text: str | None) -> float | None:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_start_form_is_built_from_the_api_settings(api_url: str) -> None:
-    with httpx.Client(base_url=api_url, timeout=30,
-                      headers={"Authorization": f"Bearer {TOKEN}"}) as api:
+    with _api(api_url) as api:
         settings: list[dict[str, Any]] = api.get("/api/settings").json()["settings"]
         with _browser_page("start-form") as (page, errors):
             dialogs: list[tuple[str, str]] = []

@@ -99,6 +99,8 @@ def test_silent_worker_loses_its_gem_state(redis_client: redis.Redis) -> None:
                             samples=16, loss=1.0, layout_id=store.layout().layout_id,
                             gradient=np.ones(store.layout().size, np.float32))
 
+    for worker in ("quiet", "busy"):
+        store.heartbeat(worker)  # registers it, as its first publication would
     leader.process([("1-0", message("quiet"), "quiet"), ("2-0", message("busy"), "busy")])
     assert set(leader.rule.workers) == {"quiet", "busy"}
     time.sleep(0.4)

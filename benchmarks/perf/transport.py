@@ -49,6 +49,7 @@ from gemq.connection import connect
 from gemq.keys import AGGREGATOR_CONSUMER, AGGREGATOR_GROUP, RunKeys
 from gemq.layout import ParamLayout
 from gemq.process import graceful_shutdown
+from gemq.store import RunStore
 
 NAME = "transport"
 #: float32 parameters per model: the paper CNN, then 1 M and 11 M (a ResNet-18's order).
@@ -103,6 +104,7 @@ def produce(url: str, run_id: str, layout_id: str, worker_id: str, size: int, dt
                                       samples=64, loss=0.5, layout_id=layout_id,
                                       gradient=gradient, dtype=dtype)
     version, cached = -1, b""
+    RunStore(client, run_id).heartbeat(worker_id)  # registers it, as a worker's first step
     while not shutdown.is_set():
         pipe = client.pipeline(transaction=False)
         pipe.hget(keys.head, "version")

@@ -85,7 +85,9 @@ def run_view(store: RunStore) -> dict[str, Any]:
         "tensors": [t.name for t in store.layout().tensors],
         "latest": latest,
         "counters": store.counters(),
+        # The most recently heard from; the total says how many there are in all.
         "workers": [worker_view(w, s, now) for w, s in store.worker_states().items()],
+        "workers_total": store.worker_count(),
         "error": store.status().get("error"),
     }
 
