@@ -25,6 +25,7 @@ import numpy as np
 import redis
 
 from gemq import codec
+from gemq.checkpoints import MomentCheckpoints
 from gemq.config import RunConfig
 from gemq.connection import TRANSIENT_ERRORS, Backoff, connect
 from gemq.errors import CodecError, FencedError, RunLost, RunNotFound
@@ -84,7 +85,8 @@ class Leader:
         self.version = head.version
         self.last_id = self.prev_id = head.last_id
         self.history = SnapshotHistory(config.history, store.kept_versions(), store.snapshot)
-        self.rule: Rule = make_rule(config, layout.size)
+        self.rule: Rule = make_rule(config, layout.param_size)
+        self.checkpoints = MomentCheckpoints(config.checkpoint_overhead)
         self.expected = codec.Expected(config.run_id, layout.layout_id, layout.size,
                                        config.wire_dtype, config.max_message_bytes)
         self._last_heard: dict[str, float] = {}
@@ -99,6 +101,19 @@ class Leader:
         # entries are still in the stream: close it well before they would all be waiting.
         # (The cap also keeps the commit's XACK within Lua's argument limit.)
         self._window_cap = max(1, min(config.max_pending // 2, MAX_WINDOW_ENTRIES))
+        self._restore_moments()
+
+    def _restore_moments(self) -> None:
+        """Start from the moments of the last checkpoint (a restart keeps GEM's state)."""
+        version, moments = self.store.checkpointed_moments()
+        if not moments:
+            return
+        self.rule.restore(moments)
+        now = time.monotonic()
+        for worker_id in self.rule.workers:  # silent ones expire as if heard at the restart
+            self._last_heard[worker_id] = now
+        log.info("run %s: restored the GEM moments of %d workers checkpointed at version %d",
+                 self.config.run_id, len(moments), version)
 
     @property
     def budget_spent(self) -> bool:
@@ -156,6 +171,8 @@ class Leader:
         plan = CommitPlan(version=self.version, updates=self.updates, prev_id=self.prev_id,
                           last_id=self.last_id, ack=ack, publish=publish, drop=dropped,
                           metrics=metrics, counters=window.counters, workers=window.workers)
+        if publish and self.checkpoints.due():
+            plan.checkpoint, plan.forget = self.checkpoints.take(self.rule)
         self.prev_id = self.last_id
         return plan
 
@@ -214,7 +231,7 @@ class Leader:
         self._pi_tensors_at = now
         scale = self.rule.last_scale()
         return [median_sample(scale[t.slice], TENSOR_MEDIAN_SAMPLE)
-                for t in self.layout.tensors]
+                for t in self.layout.params]
 
     def _expire_silent_workers(self) -> None:
         cutoff = time.monotonic() - self.config.worker_timeout_s
@@ -223,6 +240,7 @@ class Leader:
                 log.info("run %s: worker %s silent for %.0fs; dropping its state",
                          self.config.run_id, worker_id, self.config.worker_timeout_s)
                 self.rule.forget(worker_id)
+                self.checkpoints.forgotten(worker_id)
                 del self._last_heard[worker_id]
 
 
@@ -356,6 +374,7 @@ class Aggregator:
                 then: ReadRequest | None = None) -> BatchRead | None:
         """Commit ``plan``, and make the read ``then`` in the same round trip."""
         read = None
+        started = time.monotonic()
         if then is None:
             committed = self.store.commit(self.token, self.options.lease_ms, plan, leader.theta)
         else:
@@ -364,6 +383,8 @@ class Aggregator:
         if not committed and self.store.head().last_id != plan.last_id:
             # Not merely our own commit, re-sent after a lost reply.
             raise FencedError("the run's head moved under this aggregator")
+        if plan.checkpoint:
+            leader.checkpoints.done(time.monotonic() - started)
         return read
 
 

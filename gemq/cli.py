@@ -28,13 +28,21 @@ from gemq.cliargs import (
     required,
     settings_of,
 )
-from gemq.config import BUDGET, LIMITS, TRAINING, TRANSPORT, make_config, validate_settings
+from gemq.config import (
+    BUDGET,
+    COMPUTE,
+    LIMITS,
+    TRAINING,
+    TRANSPORT,
+    make_config,
+    validate_settings,
+)
 from gemq.errors import ConfigError, GemqError, RunExists
 from gemq.process import Terminated, raise_on_termination
 from gemq.sim.command import add_simulate_parser, cmd_simulate
 
 #: The run settings `gemq run` and `gemq create` take.
-RUN_GROUPS = (TRAINING, BUDGET, TRANSPORT, LIMITS)
+RUN_GROUPS = (TRAINING, BUDGET, COMPUTE, TRANSPORT, LIMITS)
 _NEW_RUN_ID = "run id; default: run-<date>-<time>-<random>"
 
 
@@ -50,6 +58,12 @@ def _command(commands: Any, name: str, help: str, example: str) -> argparse.Argu
     # After the command too (gemq run -v); SUPPRESS keeps it from undoing `gemq -v run`.
     _verbose(parser, default=argparse.SUPPRESS)
     return parser
+
+
+def _add_init_from(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--init-from", type=Path, default=None, metavar="PATH",
+                        help="start from this state_dict file (an earlier run's model.pt) "
+                             "instead of the seeded initial parameters")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,12 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, default=None, help="default: runs/<run-id>")
     run.add_argument("--json", type=Path, default=None, help="also write the summary here")
     run.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    _add_init_from(run)
 
     create = _command(commands, "create", "create a run in Redis for remote workers",
                       "RUN=$(gemq create --redis-url redis://host:6379/0 --epochs 20)")
     add_settings(create, RUN_GROUPS)
     add_run(create, _NEW_RUN_ID)
     add_redis(create, required=True)
+    _add_init_from(create)
 
     aggregator = _command(commands, "aggregator", "aggregate one run (numpy only)",
                           "gemq aggregator --run $RUN --redis-url redis://host:6379/0")
@@ -160,7 +176,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         summary = train(workers=args.workers, worker_processes=args.worker_processes,
                         redis_url=args.redis_url, out_dir=args.out,
                         progress=not args.no_progress, device=args.device,
-                        **_run_settings(args))
+                        init_from=args.init_from, **_run_settings(args))
     if args.json:
         from gemq.summary import write_json
 
@@ -171,8 +187,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _print_summary(s: dict[str, Any]) -> None:
     rejected = sum(s["rejected"].values())
-    print(f"test accuracy: {100 * s['test_accuracy']:.1f}% on {s['test_samples']} held-out "
-          f"samples (train loss {s['train_loss']:.4f})")
+    result = (f"test accuracy: {100 * s['test_accuracy']:.1f}%"
+              if s["test_accuracy"] is not None else f"test loss: {s['test_loss']:.4f}")
+    state = "" if s["state"] == "finished" else f" (run {s['state']})"
+    print(f"{result} on {s['test_samples']} held-out samples (train loss "
+          f"{s['train_loss']:.4f}){state}")
     print(f"updates: {s['updates_applied']} applied, {rejected} rejected, {s['unused']} unused "
           f"in {s['wall_time_s']:.1f}s; mean staleness {s['staleness_mean']:.1f}, "
           f"energy ratio {s['energy_ratio']:.2f}")
@@ -183,15 +202,18 @@ def _print_summary(s: dict[str, Any]) -> None:
 def _cmd_create(args: argparse.Namespace) -> int:
     from gemq.connection import connect
     from gemq.data import load_dataset
-    from gemq.runs import create_run
+    from gemq.runs import initial_state
+    from gemq.store import RunStore
 
     settings = _run_settings(args)
     validate_settings(settings)
+    url = _require_url(args)
     data = load_dataset(args.dataset)
     config = make_config(settings, train_samples=len(data.train))  # type: ignore[arg-type]
-    client = connect(_require_url(args))
+    layout, state = initial_state(config, data, args.init_from)  # before Redis is touched
+    client = connect(url)
     try:
-        create_run(client, config, data)
+        RunStore(client, config.run_id).create(config, layout, state)
     except RunExists as e:
         raise GemqError(str(e)) from e
     finally:

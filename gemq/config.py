@@ -23,12 +23,15 @@ from gemq.keys import is_valid_run_id
 ALGORITHMS = ("gem", "downpour", "adaptive", "dcasgd")
 PROXIES = ("local", "global")
 WIRE_DTYPES = ("float32", "float16", "bfloat16")
+AMP_MODES = ("off", "on", "bfloat16", "float16")
 #: DC-ASGD's lambda when the caller does not choose one (see docs/results/README.md).
 DCASGD_LAMBDA = 1.0
 #: The budget when the user gives neither epochs nor steps.
 DEFAULT_EPOCHS = 10.0
 #: Groups of user settings: how the CLI's --help, the API docs and the form arrange them.
 TRAINING, BUDGET, TRANSPORT, LIMITS = "training", "budget", "transport", "limits"
+#: How workers compute (not simulated by gemq simulate).
+COMPUTE = "compute"
 
 
 @dataclass(frozen=True)
@@ -112,10 +115,17 @@ class RunConfig:
     batch_size: int = _setting(64, "minibatch size of one worker step", low=1, high=65536)
     #: Gradient updates the aggregator applies before the run is finished.
     budget_updates: int = _setting(1000, "updates to apply", user=False, low=1, high=10**9)
-    model: str = _setting("cnn", "cnn, mlp, logreg or package.module:factory",
+    model: str = _setting("cnn", "cnn (the GEM paper's), resnet (residual, BatchNorm), mlp, "
+                          "logreg or package.module:factory",
                           max_length=200)
     dataset: str = _setting("mnist5k", "mnist5k, digits, mnist-idx:DIR or "
                             "package.module:factory", max_length=500)
+    loss: str = _setting("cross_entropy", "cross_entropy (the model outputs logits or "
+                         "log-probabilities), nll (log-probabilities) or "
+                         "package.module:function(output, target)", max_length=200)
+    amp: str = _setting("off", "workers' mixed precision: on (bfloat16 on CPU; bfloat16 or "
+                        "float16 on CUDA), bfloat16, float16 or off; gradients still travel "
+                        "in the wire dtype", group=COMPUTE, choices=AMP_MODES)
     seed: int = _setting(0, "seed of the initial parameters and the minibatch order",
                          low=0, high=2**32 - 1)
     #: A gradient computed on parameters more than this many updates old is rejected.
@@ -144,6 +154,11 @@ class RunConfig:
     #: ...and at least this many milliseconds have passed since it (0: no wait).
     publish_interval_ms: int = _setting(0, "...and this many ms have passed since it "
                                         "(0: no wait)", group=TRANSPORT, low=0, high=60_000)
+    #: The aggregator checkpoints the GEM moments into Redis with a commit whenever this
+    #: share of its time has passed since the last one's cost; a new leader restores them.
+    checkpoint_overhead: float = _setting(0.05, "share of the aggregator's time spent "
+                                          "checkpointing GEM moments for a restart (0: "
+                                          "never)", group=TRANSPORT, low=0, high=1)
     #: A run that cannot make progress fails instead of spinning: after this many gradients
     #: in a row were rejected...
     max_rejected_in_a_row: int = _setting(1000, "the run fails after this many gradients in "

@@ -2,30 +2,49 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from gemq.losses import LossFunction
+
 
 @torch.no_grad()
-def evaluate(model: nn.Module, dataset: Dataset, batch_size: int = 1000) -> tuple[float, float]:
-    """(mean negative log-likelihood, accuracy) of a log-softmax model on ``dataset``."""
+def evaluate(model: nn.Module, dataset: Dataset, batch_size: int = 1000,
+             loss: LossFunction = nn.functional.cross_entropy) -> tuple[float, float | None]:
+    """(mean loss, accuracy) of ``model`` in evaluation mode on ``dataset``, with the loss
+    the run trains with. Accuracy is the share of argmax predictions equal to the target,
+    where targets are class indices (integers, one per sample, and one output per class);
+    otherwise None."""
     model.eval()
     device = next(model.parameters()).device
-    loss_sum, correct, count = 0.0, 0, 0
+    loss_sum, correct, count, classified = 0.0, 0, 0, True
     for x, y in DataLoader(dataset, batch_size=batch_size):
         x, y = x.to(device), y.to(device)
         out = model(x)
-        loss_sum += float(nn.functional.nll_loss(out, y, reduction="sum"))
-        correct += int((out.argmax(1) == y).sum())
+        loss_sum += float(loss(out, y)) * len(y)  # a mean over the batch
+        classified = classified and _class_indices(out, y)
+        if classified:
+            correct += int((out.argmax(1) == y).sum())
         count += len(y)
     model.train()
-    return loss_sum / max(count, 1), correct / max(count, 1)
+    mean = loss_sum / count if count else math.nan
+    return mean, (correct / max(count, 1) if classified else None)
+
+
+def _class_indices(out: torch.Tensor, target: torch.Tensor) -> bool:
+    return (target.dim() == 1 and not target.dtype.is_floating_point
+            and out.dim() == 2 and out.shape[1] > 1)
 
 
 def save_state_dict(model: nn.Module, path: Path) -> Path:
+    """``model``'s state_dict (parameters and buffers) at ``path``, written atomically: a
+    reader never sees half a file, even if this process dies while writing."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(model.state_dict(), path)
+    partial = path.with_name(path.name + ".partial")
+    torch.save(model.state_dict(), partial)
+    partial.replace(path)
     return path

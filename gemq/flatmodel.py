@@ -1,28 +1,73 @@
-"""The worker step: a model whose parameters and gradient are flat float32 vectors.
+"""The worker step: a model whose state and gradient are flat float32 vectors.
 
 ``FlatModel`` is what a worker (gemq/worker.py) and a simulated worker (gemq/sim/engine.py)
-compute with, so the simulator runs the very same step as a real worker. Parameters become
-views into one float32 buffer in the layout's (``named_parameters``) order: loading a
-published vector is one copy (plus one transfer to the device), and the gradient is
-gathered into one preallocated flat buffer, ready for the wire.
+compute with, so the simulator runs the very same step as a real worker. The flat state is
+the layout's (gemq/layout.py): parameters, then persistent buffers. Parameters become views
+into one float32 buffer: loading a published vector is one copy (plus one transfer to the
+device). A step's output has the same layout: the loss's gradient for the parameters, then
+the change the step made to each buffer (BatchNorm's running statistics, its batch count),
+which the aggregator adds to the run's buffers.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 from torch import nn
 
+from gemq.errors import ConfigError
+from gemq.layout import ParamLayout
+from gemq.losses import LossFunction, checked_loss
+from gemq.models import state_buffers
+
+#: Mixed-precision settings of a run (RunConfig.amp): what autocast computes in.
+AMP_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def flat_state(model: nn.Module) -> np.ndarray:
+    """The model's parameters and persistent buffers as one float32 vector (layout order)."""
+    parts = [p.detach().reshape(-1).float() for p in model.parameters()]
+    parts += [b.detach().reshape(-1).float() for _, b in state_buffers(model)]
+    return torch.cat(parts).cpu().numpy() if parts else np.zeros(0, np.float32)
+
 
 def load_flat(model: nn.Module, flat: np.ndarray) -> None:
-    """Copy a flat float32 parameter vector into ``model`` (in named_parameters order)."""
-    vector = torch.tensor(np.asarray(flat, dtype=np.float32))
-    torch.nn.utils.vector_to_parameters(vector.to(next(model.parameters()).device),
-                                        model.parameters())
+    """Copy a flat state vector into ``model``: parameters, then persistent buffers."""
+    vector = torch.from_numpy(np.array(flat, dtype=np.float32))  # a copy: flat may be read-only
+    params = list(model.parameters())
+    size = sum(p.numel() for p in params)
+    torch.nn.utils.vector_to_parameters(vector[:size].to(params[0].device), params)
+    _load_buffers([b for _, b in state_buffers(model)], vector[size:])
 
 
-def flat_params(model: nn.Module) -> np.ndarray:
-    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().cpu().numpy()
+def state_dict_of(layout: ParamLayout, flat: np.ndarray) -> dict[str, torch.Tensor]:
+    """A state_dict built from a run's layout and a flat state vector alone: no model is
+    built, so no code named in a run's configuration runs. It loads into the model with
+    ``load_state_dict``, buffers in their own dtypes."""
+    return {t.name: _as_dtype(torch.from_numpy(flat[t.slice].reshape(t.shape).copy()),
+                              getattr(torch, t.dtype))
+            for t in layout.tensors}
+
+
+def _load_buffers(buffers: list[torch.Tensor], values: torch.Tensor) -> None:
+    offset = 0
+    with torch.no_grad():
+        for buffer in buffers:
+            part = values[offset:offset + buffer.numel()].view_as(buffer)
+            buffer.copy_(_as_dtype(part.to(buffer.device), buffer.dtype))
+            offset += buffer.numel()
+
+
+def _as_dtype(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Float32 values back to a buffer's dtype: integers rounded, booleans thresholded."""
+    if dtype == torch.bool:
+        return values > 0.5
+    if not dtype.is_floating_point:
+        return values.round().to(dtype)
+    return values.to(dtype)
 
 
 class FlatModel:
@@ -33,24 +78,30 @@ class FlatModel:
     ``load_flat``.
     """
 
-    def __init__(self, model: nn.Module, device: torch.device | str = "cpu") -> None:
+    def __init__(self, model: nn.Module, device: torch.device | str = "cpu",
+                 loss: LossFunction = nn.functional.cross_entropy,
+                 loss_name: str = "cross_entropy", amp: str = "off") -> None:
         self.model = model.to(device).train()
         self.params = list(model.parameters())
+        self.buffers = [b for _, b in state_buffers(model)]
         self.device = torch.device(device)
-        self.size = sum(p.numel() for p in self.params)
+        self.param_size = sum(p.numel() for p in self.params)
+        self.size = self.param_size + sum(b.numel() for b in self.buffers)
+        self.loss, self.loss_name = loss, loss_name
+        self.precision = MixedPrecision(amp, self.device)
         self._flat = self._as_views_of_one_buffer() if self._one_device() else None
         self._host = (self._flat if self._flat is not None and self.device.type == "cpu"
-                      else torch.empty(self.size, dtype=torch.float32))
-        self._grad = torch.zeros(self.size, dtype=torch.float32, device=self.device)
-        self._grad_host = (self._grad if self.device.type == "cpu"
-                           else torch.empty(self.size, dtype=torch.float32,
-                                            pin_memory=torch.cuda.is_available()))
+                      else torch.empty(self.param_size, dtype=torch.float32))
+        self._out = torch.zeros(self.size, dtype=torch.float32, device=self.device)
+        self._out_host = (self._out if self.device.type == "cpu"
+                          else torch.empty(self.size, dtype=torch.float32,
+                                           pin_memory=torch.cuda.is_available()))
 
     def _one_device(self) -> bool:
         return bool(self.params) and len({p.device for p in self.params}) == 1
 
     def _as_views_of_one_buffer(self) -> torch.Tensor:
-        flat = torch.empty(self.size, dtype=torch.float32, device=self.params[0].device)
+        flat = torch.empty(self.param_size, dtype=torch.float32, device=self.params[0].device)
         offset = 0
         with torch.no_grad():
             for p in self.params:
@@ -62,35 +113,114 @@ class FlatModel:
 
     @property
     def values(self) -> np.ndarray:
-        """The parameters as a flat float32 array (a copy unless they live on the CPU)."""
-        if self._flat is not None and self._flat.device.type == "cpu":
-            return self._flat.numpy()
-        return flat_params(self.model)
+        """The state as a flat float32 array (a fresh copy)."""
+        return flat_state(self.model)
 
     def load(self, values: np.ndarray) -> None:
-        """Make the model's parameters ``values`` (flat float32, layout order)."""
+        """Make the model's state ``values`` (flat float32, layout order)."""
         if self._flat is None:
             load_flat(self.model, values)
             return
-        np.copyto(self._host.numpy(), values, casting="same_kind")
+        np.copyto(self._host.numpy(), values[:self.param_size], casting="same_kind")
         if self._host is not self._flat:
             self._flat.copy_(self._host, non_blocking=False)
+        if self.buffers:
+            _load_buffers(self.buffers, torch.from_numpy(
+                np.array(values[self.param_size:], dtype=np.float32)))
 
     def gradient(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, np.ndarray]:
-        """Mean NLL of one minibatch and its flat gradient.
+        """The mean loss of one minibatch, and its flat output: the gradient of the
+        parameters, then the buffers' changes.
 
-        The gradient array is a buffer of this object, overwritten by the next call:
-        encode or apply it before computing another.
+        The array is a buffer of this object, overwritten by the next call: encode or
+        apply it before computing another.
         """
         x = x.to(self.device, non_blocking=True)
         y = y.to(self.device, non_blocking=True)
-        self.model.zero_grad(set_to_none=True)
-        loss = nn.functional.nll_loss(self.model(x), y)
-        loss.backward()
+        before = self._buffer_vector() if self.buffers else None
+        for attempt in range(self.precision.MAX_RETRIES):
+            if attempt and before is not None:  # the failed try moved the running stats
+                _load_buffers(self.buffers, before)
+            loss = self.precision.backward(
+                self.model, self.params, x,
+                lambda out: checked_loss(self.loss, self.loss_name, out, y))
+            if loss is not None:
+                break
+        else:
+            raise FloatingPointError("float16 gradients overflow at every loss scale")
         # A parameter the forward pass did not use has no gradient: zero, in its place.
         grads = [p.grad.reshape(-1) if p.grad is not None
                  else torch.zeros(p.numel(), device=self.device) for p in self.params]
-        torch.cat(grads, out=self._grad)
-        if self._grad_host is not self._grad:
-            self._grad_host.copy_(self._grad)
-        return float(loss.detach()), self._grad_host.numpy()
+        torch.cat(grads, out=self._out[:self.param_size])
+        if before is not None:
+            torch.sub(self._buffer_vector(), before, out=self._out[self.param_size:])
+        if self._out_host is not self._out:
+            self._out_host.copy_(self._out)
+        return loss, self._out_host.numpy()
+
+    def _buffer_vector(self) -> torch.Tensor:
+        return torch.cat([b.detach().reshape(-1).float() for b in self.buffers])
+
+
+class MixedPrecision:
+    """Forward and backward under autocast (``amp``: off, on, bfloat16 or float16; on
+    means bfloat16 where the device computes it, float16 on older GPUs).
+
+    bfloat16 has float32's range: gradients need no scaling. float16 does: the loss is
+    scaled before backward and the gradients unscaled after, with the scale halved (and
+    the step computed again) whenever a gradient overflows, and doubled after
+    GROWTH_INTERVAL clean steps, as torch.amp.GradScaler does for an optimizer.
+    """
+
+    GROWTH_INTERVAL = 2000
+    #: Halvings tried before a step is given up (2**16 down to 2**-8).
+    MAX_RETRIES = 24
+
+    def __init__(self, amp: str, device: torch.device) -> None:
+        if amp == "on":
+            amp = "float16" if device.type == "cuda" and not _cuda_bfloat16() else "bfloat16"
+        if amp != "off" and amp not in AMP_DTYPES:
+            raise ConfigError("amp", f"must be off, on, {', '.join(AMP_DTYPES)}; got {amp!r}")
+        self.amp = amp
+        self.dtype = AMP_DTYPES.get(amp)
+        self.device = device
+        self.scale = 2.0 ** 16 if amp == "float16" else 1.0
+        self._clean_steps = 0
+
+    @contextlib.contextmanager
+    def _autocast(self) -> Iterator[None]:
+        if self.dtype is None:
+            yield
+            return
+        with torch.autocast(device_type=self.device.type, dtype=self.dtype):
+            yield
+
+    def backward(self, model: nn.Module, params: list[nn.Parameter], x: torch.Tensor,
+                 loss_of: Callable[[torch.Tensor], torch.Tensor]) -> float | None:
+        """Compute the gradients into ``params``; return the loss, or None when float16
+        gradients overflowed (the scale is smaller now: try again)."""
+        model.zero_grad(set_to_none=True)
+        with self._autocast():
+            loss = loss_of(model(x))
+        (loss.float() * self.scale).backward()
+        if self.scale == 1.0 or self._unscaled(params):
+            return float(loss.detach())
+        return None
+
+    def _unscaled(self, params: list[nn.Parameter]) -> bool:
+        """Divide the gradients by the scale; False (and a smaller scale) on overflow."""
+        grads = [p.grad for p in params if p.grad is not None]
+        if not all(bool(torch.isfinite(g).all()) for g in grads):
+            self.scale /= 2
+            self._clean_steps = 0
+            return False
+        for g in grads:
+            g.div_(self.scale)
+        self._clean_steps += 1
+        if self._clean_steps % self.GROWTH_INTERVAL == 0:
+            self.scale *= 2
+        return True
+
+
+def _cuda_bfloat16() -> bool:
+    return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())

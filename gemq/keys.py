@@ -100,6 +100,19 @@ class RunKeys:
         return self._key(f"staging:{token}")
 
     @property
+    def moments(self) -> str:
+        """Hash: worker id -> the version whose commit checkpointed its GEM moment."""
+        return self._key("moments")
+
+    def moment(self, worker_id: str) -> str:
+        """A worker's checkpointed GEM moment (float32, the parameters' size)."""
+        return self._key(f"moment:{worker_id}")
+
+    def staged_moment(self, token: str, worker_id: str) -> str:
+        """A moment on its way into a checkpointing commit by the leader holding ``token``."""
+        return self._key(f"staging:{token}:moment:{worker_id}")
+
+    @property
     def lease(self) -> str:
         """The aggregator lease: holds the leader's token, expires unless renewed."""
         return self._key("lease")

@@ -20,6 +20,7 @@ from typing import Any
 
 import redis
 import torch
+from torch import nn
 
 from gemq import codec
 from gemq.aggregator import aggregator_main
@@ -28,8 +29,9 @@ from gemq.connection import connect, redact
 from gemq.data import DataSplit, load_dataset
 from gemq.embedded import EmbeddedRedis
 from gemq.errors import ConfigError, GemqError
-from gemq.evaluate import evaluate, save_state_dict
-from gemq.flatmodel import load_flat
+from gemq.evaluate import evaluate
+from gemq.losses import load_loss
+from gemq.modelfile import ModelFile
 from gemq.models import build_model
 from gemq.process import raise_on_termination
 from gemq.progress import ProgressDisplay
@@ -76,6 +78,8 @@ def train(model: ModelSpec = DEFAULT_MODEL, dataset: DatasetSpec = DEFAULT_DATAS
           max_pending: int | None = None, wire_dtype: str | None = None,
           publish_every: int | None = None, publish_interval_ms: int | None = None,
           max_rejected_in_a_row: int | None = None, stall_timeout_s: float | None = None,
+          loss: str | None = None, amp: str | None = None,
+          checkpoint_overhead: float | None = None, init_from: str | Path | None = None,
           run_id: str | None = None, redis_url: str | None = None,
           out_dir: str | Path | None = None, progress: bool = True, device: str = "cpu",
           worker_processes: int = 0) -> dict[str, Any]:
@@ -84,8 +88,9 @@ def train(model: ModelSpec = DEFAULT_MODEL, dataset: DatasetSpec = DEFAULT_DATAS
 
     ``model`` and ``dataset`` are built-in names, ``module:factory`` specs, or importable
     callables. The budget is ``epochs`` (passes over the training set, summed over workers)
-    or ``steps`` (updates). Every setting left None takes RunConfig's default (see
-    ``gemq run --help``, or gemq.config, for each one's meaning, default and range).
+    or ``steps`` (updates). ``init_from``: a state_dict file (an earlier run's model.pt) to
+    start from. Every setting left None takes RunConfig's default (see ``gemq run --help``,
+    or gemq.config, for each one's meaning, default and range).
     """
     given = locals()  # the arguments, by name: one per user setting (a test checks)
     settings: dict[str, Any] = {s.name: given[s.name] for s in USER_SETTINGS}
@@ -96,35 +101,43 @@ def train(model: ModelSpec = DEFAULT_MODEL, dataset: DatasetSpec = DEFAULT_DATAS
     options = LocalOptions(workers=workers, worker_processes=worker_processes,
                            redis_url=redis_url, out_dir=Path(out_dir) if out_dir else None,
                            progress=progress, device=device)
-    return run_local(config, options, data)
+    return run_local(config, options, data, Path(init_from) if init_from else None)
 
 
 def _spec(value: ModelSpec | DatasetSpec) -> str:
     return value if isinstance(value, str) else spec_of(value)
 
 
-def run_local(config: RunConfig, options: LocalOptions,
-              data: DataSplit | None = None) -> dict[str, Any]:
-    """Run ``config`` to its end on this machine (``data``: its dataset, if loaded)."""
+def run_local(config: RunConfig, options: LocalOptions, data: DataSplit | None = None,
+              init_from: Path | None = None) -> dict[str, Any]:
+    """Run ``config`` to its end on this machine (``data``: its dataset, if loaded;
+    ``init_from``: a state_dict file to start from)."""
     if options.workers < 1:
         raise ConfigError("workers", f"must be at least 1, got {options.workers}")
     data = data or load_dataset(config.dataset)
+    out = options.out_dir or Path("runs") / config.run_id
+    model = build_model(config.model, data.in_features, data.num_classes)
     started = time.monotonic()
     # SIGTERM and SIGHUP unwind like Ctrl-C: children stopped, the private Redis with them.
     with raise_on_termination(), _redis(options.redis_url) as url:
         client = connect(url)
         try:
-            store = create_run(client, config, data)
+            store = create_run(client, config, data, init_from)
             if options.redis_url is None:
                 _refuse_oversized_values(client, store, config)
-            _supervise(url, store, config, options)
+            model_file = ModelFile(store, model, out / "model.pt")
+            try:
+                _supervise(url, store, config, options, model_file)
+            except BaseException:  # Ctrl-C, SIGTERM, a failed run: keep what was learnt
+                model_file.save_on_the_way_out()
+                raise
             summary = run_totals(store)
             summary["redis"] = "embedded" if options.redis_url is None else redact(url)
-            _, params = store.latest()
+            model_file.save()
         finally:
             client.close()
     summary["wall_time_s"] = round(time.monotonic() - started, 3)
-    return _finish(config, options, data, params, summary)
+    return _finish(config, options, data, model, out, summary)
 
 
 @contextlib.contextmanager
@@ -148,7 +161,8 @@ def _refuse_oversized_values(client: redis.Redis, store: RunStore, config: RunCo
     client.config_set("proto-max-bulk-len", max(MIN_BULK_LEN, largest + BULK_LEN_SLACK))
 
 
-def _supervise(url: str, store: RunStore, config: RunConfig, options: LocalOptions) -> None:
+def _supervise(url: str, store: RunStore, config: RunConfig, options: LocalOptions,
+               model_file: ModelFile) -> None:
     """Start the processes, show progress, and wait for the aggregator to end the run."""
     context = mp.get_context("spawn")
     aggregator = context.Process(target=aggregator_main, name="gemq-aggregator",
@@ -169,6 +183,7 @@ def _supervise(url: str, store: RunStore, config: RunConfig, options: LocalOptio
         while aggregator.is_alive():
             aggregator.join(0.25)
             display.poll()
+            model_file.save_if_due()
             if not any(w.is_alive() for w in workers) and aggregator.is_alive():
                 if store.state() in ENDED:  # they left because the run ended
                     aggregator.join(10)
@@ -180,7 +195,8 @@ def _supervise(url: str, store: RunStore, config: RunConfig, options: LocalOptio
         status = store.status()
         if status["state"] == RunState.FAILED and status.get("error"):
             raise GemqError(f"run {config.run_id} failed: {status['error']}")
-        if aggregator.exitcode != 0 or status["state"] != RunState.FINISHED:
+        if aggregator.exitcode != 0 or status["state"] not in (RunState.FINISHED,
+                                                               RunState.STOPPED):
             raise GemqError(f"the aggregator ended with code {aggregator.exitcode}, run state "
                             f"{status['state']!r}; see the log above")
         for worker in workers:
@@ -209,20 +225,19 @@ def _terminate(processes: list[BaseProcess]) -> None:
             process.join()
 
 
-def _finish(config: RunConfig, options: LocalOptions, data: DataSplit, params: Any,
-            summary: dict[str, Any]) -> dict[str, Any]:
-    model = build_model(config.model, data.in_features, data.num_classes)
-    load_flat(model, params)
-    summary["train_loss"], summary["train_accuracy"] = evaluate(model, data.train)
-    summary["test_loss"], summary["test_accuracy"] = evaluate(model, data.test)
+def _finish(config: RunConfig, options: LocalOptions, data: DataSplit, model: nn.Module,
+            out: Path, summary: dict[str, Any]) -> dict[str, Any]:
+    """Evaluate the final model (loaded by the model file) and write the summary."""
+    loss = load_loss(config.loss)
+    summary["train_loss"], summary["train_accuracy"] = evaluate(model, data.train, loss=loss)
+    summary["test_loss"], summary["test_accuracy"] = evaluate(model, data.test, loss=loss)
     summary["parameters"] = int(sum(p.numel() for p in model.parameters()))
     summary["test_samples"] = len(data.test)  # type: ignore[arg-type]
     summary["workers"] = options.workers
     summary["config"] = config.__dict__
     wall = summary["wall_time_s"]
     summary["updates_per_s"] = round(summary["updates_applied"] / wall, 2) if wall else None
-    out = options.out_dir or Path("runs") / config.run_id
-    summary["model_path"] = str(save_state_dict(model, out / "model.pt"))
+    summary["model_path"] = str(out / "model.pt")
     summary["summary_path"] = str(out / "summary.json")
     write_json(summary, out / "summary.json")
     return summary

@@ -15,6 +15,12 @@ workers), below 1 when it wastes the workers' work (adaptive staleness).
 
 A rule only says how its scale is computed (``_scale``, a ``ScaleRule``); the update itself
 is one fused pass over the parameters, the same for every rule.
+
+A run's state vector may hold buffers after its parameters (gemq/layout.py). A rule's
+``size`` is the parameters' part; whatever follows it in ``theta`` is buffers, and the
+matching tail of a worker's vector is the change its step made to them, which is added as
+it is (a parameter server's rule for moving averages: every worker's update of BatchNorm's
+running statistics lands, in arrival order, on the run's own).
 """
 
 from __future__ import annotations
@@ -44,6 +50,10 @@ class ScaleRule(NamedTuple):
     mode: int
     a: float
     b: float = 0.0
+
+
+#: The checkpoint name of GlobalGEM's one moment (not a valid worker id: no clash).
+GLOBAL_MOMENT = "~global"
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,16 @@ class Rule:
         """Drop a worker's state (it left, or was silent too long)."""
         self._moments.pop(worker_id, None)
 
+    def moments(self) -> dict[str, np.ndarray]:
+        """The state to checkpoint for a restart: each worker's moment, by worker id."""
+        return dict(self._moments)
+
+    def restore(self, moments: dict[str, np.ndarray]) -> None:
+        """Take back checkpointed moments (a new leader's start); wrong sizes are skipped."""
+        for worker_id, moment in moments.items():
+            if moment.size == self.size:
+                self._moments[worker_id] = np.array(moment, np.float32)
+
     def last_scale(self) -> np.ndarray:
         """Per-element pi of the last update (read-only view, overwritten by the next)."""
         view = self._pi.view()
@@ -89,16 +109,20 @@ class Rule:
 
         ``snapshot`` is the copy of the parameters the worker computed the gradient on
         (the drift is ``theta - snapshot``). ``theta``, ``snapshot`` and the gradient are
-        flat float32 arrays of the rule's size (a gradient of another dtype, the
-        simulator's, is widened first).
+        flat float32 arrays (a gradient of another dtype is widened first): the rule's size
+        of parameters, then any buffers, whose changes are added to ``theta``'s.
         """
         if gradient.dtype != np.float32 or not gradient.flags.c_contiguous:
             gradient = np.ascontiguousarray(gradient, dtype=np.float32)
         rule = self._scale(staleness)
         f32 = np.float32
+        n = self.size
         e_central, e_proxy = kernel.update(
-            theta, gradient, snapshot, self._moment(worker_id), self._pi, f32(self.lr),
-            f32(self.momentum), f32(self.kappa), rule.mode, f32(rule.a), f32(rule.b))
+            theta[:n], gradient[:n], snapshot[:n], self._moment(worker_id), self._pi,
+            f32(self.lr), f32(self.momentum), f32(self.kappa), rule.mode, f32(rule.a),
+            f32(rule.b))
+        if theta.size > n:
+            theta[n:] += gradient[n:]
         return UpdateStats(staleness=staleness, median_pi=median_sample(self._pi),
                            e_central=float(e_central), e_proxy=float(e_proxy))
 
@@ -176,6 +200,14 @@ class GlobalGEM(GEM):
     def _moment(self, worker_id: str) -> np.ndarray:
         self._seen[worker_id] = None
         return self._global
+
+    def moments(self) -> dict[str, np.ndarray]:
+        return {GLOBAL_MOMENT: self._global}
+
+    def restore(self, moments: dict[str, np.ndarray]) -> None:
+        moment = moments.get(GLOBAL_MOMENT)
+        if moment is not None and moment.size == self.size:
+            self._global[:] = moment
 
 
 class DCASGD(Rule):

@@ -26,8 +26,9 @@ return redis.call('HMGET', KEYS[2], 'stop_requested', 'state')
 """
 
 #: KEYS: lease, head, versions, gradients, metrics, counters, workers, status, new params,
-#:       staged params, then plan.n_drop snapshot keys to delete, then one key per
-#:       plan.workers entry.
+#:       staged params, moments index, then plan.n_drop snapshot keys to delete, one key per
+#:       plan.workers entry, (staged, final) moment keys per plan.checkpoint entry, and one
+#:       moment key per plan.forget entry.
 #: ARGV: token, lease_ms, msgpack plan.
 #: Everything a batch changes lands in this one atomic step: parameters, head, the XACK of
 #: the batch, trimming, metrics, counters and worker state. The trim never passes an entry
@@ -60,7 +61,7 @@ if plan.publish then
   redis.call('PERSIST', KEYS[9])
   redis.call('ZADD', KEYS[3], plan.version, plan.version)
 end
-local fixed = 10
+local fixed = 11
 for i = 1, plan.n_drop do
   redis.call('DEL', KEYS[fixed + i])
   redis.call('ZREM', KEYS[3], plan.drop[i])
@@ -84,6 +85,17 @@ for i, w in ipairs(plan.workers) do
   local key = KEYS[fixed + plan.n_drop + i]
   if #w.set > 0 then redis.call('HSET', key, unpack(w.set)) end
   for field, n in pairs(w.incr) do redis.call('HINCRBY', key, field, n) end
+end
+local next_key = fixed + plan.n_drop + #plan.workers
+for i, w in ipairs(plan.checkpoint) do
+  redis.call('RENAME', KEYS[next_key + 2 * i - 1], KEYS[next_key + 2 * i])
+  redis.call('PERSIST', KEYS[next_key + 2 * i])
+  redis.call('HSET', KEYS[11], w, plan.version)
+end
+next_key = next_key + 2 * #plan.checkpoint
+for i, w in ipairs(plan.forget) do
+  redis.call('DEL', KEYS[next_key + i])
+  redis.call('HDEL', KEYS[11], w)
 end
 if #plan.status > 0 then
   redis.call('HSET', KEYS[8], unpack(plan.status))

@@ -77,6 +77,9 @@ class CommitPlan:
     #: worker id -> (fields to set, fields to increment)
     workers: dict[str, tuple[dict[str, Any], dict[str, int]]] = field(default_factory=dict)
     status: dict[str, Any] = field(default_factory=dict)
+    #: GEM moments checkpointed with this commit (by worker id), and checkpoints dropped.
+    checkpoint: dict[str, np.ndarray] = field(default_factory=dict)
+    forget: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -323,6 +326,15 @@ class RunStore:
                                                                      plan, params))
         return self._commit_result(replies[-1])
 
+    def checkpointed_moments(self) -> tuple[int, dict[str, np.ndarray]]:
+        """The GEM moments of the last checkpoint, by worker id, and its version (-1: none)."""
+        index = {w.decode(): int(v) for w, v in self._r.hgetall(self.keys.moments).items()}
+        ids = sorted(index)
+        values = self._r.mget([self.keys.moment(w) for w in ids]) if ids else []
+        moments = {w: np.frombuffer(v, "<f4") for w, v in zip(ids, values, strict=True)
+                   if v is not None}
+        return max(index.values(), default=-1), moments
+
     def commit_then_read(self, token: str, lease_ms: int, plan: CommitPlan,
                          params: np.ndarray, request: ReadRequest) -> tuple[bool, BatchRead]:
         """``commit``, then ``fenced_read``, in one round trip.
@@ -396,8 +408,12 @@ class RunStore:
         worker_ids = list(plan.workers)
         staging = k.staging(token)
         keys = [k.lease, k.head, k.versions, k.gradients, k.metrics, k.counters, k.workers,
-                k.status, k.params(plan.version), staging]
+                k.status, k.params(plan.version), staging, k.moments]
         keys += [k.params(v) for v in plan.drop] + [k.worker(w) for w in worker_ids]
+        for worker_id, moment in plan.checkpoint.items():
+            keys += [k.staged_moment(token, worker_id), k.moment(worker_id)]
+            pipe.set(k.staged_moment(token, worker_id), f32_view(moment), px=STAGING_TTL_MS)
+        keys += [k.moment(w) for w in plan.forget]
         encoded = msgpack.packb({
             "version": str(plan.version), "updates": str(plan.updates),
             "prev_id": plan.prev_id, "last_id": plan.last_id, "group": AGGREGATOR_GROUP,
@@ -408,6 +424,7 @@ class RunStore:
             "counters": plan.counters, "status": _flatten(plan.status),
             "workers": [{"id": w, "set": _flatten(plan.workers[w][0]),
                          "incr": plan.workers[w][1]} for w in worker_ids],
+            "checkpoint": list(plan.checkpoint), "forget": plan.forget,
         })
         if plan.publish:
             pipe.set(staging, f32_view(params), px=STAGING_TTL_MS)

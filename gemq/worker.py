@@ -22,6 +22,7 @@ from gemq.connection import TRANSIENT_ERRORS, Backoff, connect
 from gemq.data import DataSplit, load_dataset, minibatches, worker_seed
 from gemq.errors import GemqError, PublishRefused
 from gemq.flatmodel import FlatModel
+from gemq.losses import load_loss
 from gemq.models import build_model, layout_of
 from gemq.process import die_with_parent, graceful_shutdown, keep_freed_memory, setup_logging
 from gemq.store import ENDED, RunState, RunStore, StepView
@@ -57,7 +58,8 @@ class Worker:
         self.options = options or WorkerOptions()
         self.device = resolve_device(self.options.device)
         self.layout_id = store.layout().layout_id
-        self.net = FlatModel(self._build_model(data), self.device)
+        self.net = FlatModel(self._build_model(data), self.device, load_loss(config.loss),
+                             config.loss, config.amp)
         self.batches = minibatches(data.train, config.batch_size,
                                    worker_seed(config.seed, worker_id))
         self.steps = 0

@@ -185,7 +185,7 @@ def test_unknown_model_writes_nothing(redis_server: EmbeddedRedis,
     result = gemq("create", "--model", "nope", "--dataset", "digits",
                   "--redis-url", redis_server.url)
     line = assert_one_error(result, 1)
-    assert line == ("gemq: error: unknown model 'nope': use one of cnn, mlp, logreg or "
+    assert line == ("gemq: error: unknown model 'nope': use one of cnn, resnet, mlp, logreg or "
                     "'package.module:factory'")
     assert redis_client.keys("*") == []
 

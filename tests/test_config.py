@@ -26,7 +26,8 @@ DEFAULTS = {
     "max_staleness": 512, "history": 64, "max_pending": 64, "read_batch": 32,
     "worker_timeout_s": 60.0, "max_message_bytes": 0, "wire_dtype": "float32",
     "publish_every": 1, "publish_interval_ms": 0, "max_rejected_in_a_row": 1000,
-    "stall_timeout_s": 120.0,
+    "stall_timeout_s": 120.0, "loss": "cross_entropy", "amp": "off",
+    "checkpoint_overhead": 0.05,
 }
 
 
@@ -193,8 +194,9 @@ def _all_keys(keys: RunKeys) -> dict[str, str]:
         if isinstance(member, property):
             found[name] = getattr(keys, name)
         elif inspect.isfunction(member):
-            found[name] = getattr(keys, name)({"params": 7, "worker": "w-1",
-                                                     "staging": "host:1:ab"}[name])
+            args = {"params": (7,), "worker": ("w-1",), "staging": ("host:1:ab",),
+                    "moment": ("w-1",), "staged_moment": ("host:1:ab", "w-1")}[name]
+            found[name] = getattr(keys, name)(*args)
     return found
 
 
@@ -215,6 +217,9 @@ def test_every_key_of_a_run_carries_the_hash_tag() -> None:
         "worker": "gemq:{exp-1}:worker:w-1",
         "lease": "gemq:{exp-1}:lease",
         "staging": "gemq:{exp-1}:staging:host:1:ab",
+        "moments": "gemq:{exp-1}:moments",
+        "moment": "gemq:{exp-1}:moment:w-1",
+        "staged_moment": "gemq:{exp-1}:staging:host:1:ab:moment:w-1",
     }
 
 

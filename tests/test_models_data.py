@@ -25,7 +25,7 @@ from gemq.data import (
 )
 from gemq.errors import SpecError
 from gemq.evaluate import evaluate, save_state_dict
-from gemq.flatmodel import FlatModel, flat_params, load_flat
+from gemq.flatmodel import FlatModel, flat_state, load_flat
 from gemq.models import MLP, LogisticRegression, PaperCNN, build_model, layout_of
 from gemq.specs import is_import_spec, load_factory, spec_of
 
@@ -84,9 +84,9 @@ def test_cnn_on_small_inputs_suggests_mlp() -> None:
 
 
 def test_unknown_model_name() -> None:
-    with pytest.raises(SpecError, match=r"^unknown model 'resnet': use one of cnn, mlp, "
+    with pytest.raises(SpecError, match=r"^unknown model 'vgg': use one of cnn, resnet, mlp, "
                                         r"logreg or 'package.module:factory'$"):
-        build_model("resnet", 784, 10)
+        build_model("vgg", 784, 10)
 
 
 def test_layout_tiles_the_flat_vector() -> None:
@@ -99,23 +99,23 @@ def test_layout_tiles_the_flat_vector() -> None:
                                                   161580, 161780, 163780]
     ends = [t.offset + t.size for t in layout.tensors]
     assert [t.offset for t in layout.tensors[1:]] == ends[:-1]
-    assert layout.size == 163_790 == len(flat_params(model))
-    flat = flat_params(model)
+    assert layout.size == 163_790 == len(flat_state(model))
+    flat = flat_state(model)
     for tensor, (_, param) in zip(layout.tensors, named, strict=True):
         np.testing.assert_array_equal(flat[tensor.slice].reshape(tensor.shape),
                                       param.detach().numpy())
 
 
-def test_flat_params_round_trip() -> None:
+def test_flat_state_round_trip() -> None:
     torch.manual_seed(1)
     source = PaperCNN()
     torch.manual_seed(2)
     target = PaperCNN()
-    flat = flat_params(source)
+    flat = flat_state(source)
     assert flat.dtype == np.float32 and flat.shape == (163_790,)
-    assert not np.array_equal(flat_params(target), flat)
+    assert not np.array_equal(flat_state(target), flat)
     load_flat(target, flat)
-    np.testing.assert_array_equal(flat_params(target), flat)
+    np.testing.assert_array_equal(flat_state(target), flat)
     for (name, a), (_, b) in zip(source.state_dict().items(), target.state_dict().items(),
                                  strict=True):
         assert torch.equal(a, b), name
@@ -126,7 +126,7 @@ def test_load_flat_accepts_float64_and_copies() -> None:
     values = np.arange(10, dtype=np.float64)
     load_flat(model, values)
     values[:] = -1
-    np.testing.assert_array_equal(flat_params(model), np.arange(10, dtype=np.float32))
+    np.testing.assert_array_equal(flat_state(model), np.arange(10, dtype=np.float32))
 
 
 class _FixedLogits(nn.Module):
@@ -157,7 +157,7 @@ def test_save_state_dict(tmp_path: Path) -> None:
     assert path == tmp_path / "deep" / "model.pt"
     restored = LogisticRegression(4, 2)
     restored.load_state_dict(torch.load(path, weights_only=True))
-    np.testing.assert_array_equal(flat_params(restored), flat_params(model))
+    np.testing.assert_array_equal(flat_state(restored), flat_state(model))
 
 
 # --- built-in datasets ------------------------------------------------------------------
@@ -495,21 +495,21 @@ def test_flat_model_loads_every_parameter_and_keeps_training_working() -> None:
     loader = FlatModel(model)
     values = np.random.default_rng(3).standard_normal(163_790).astype(np.float32)
     loader.load(values)
-    np.testing.assert_array_equal(flat_params(model), values)
+    np.testing.assert_array_equal(flat_state(model), values)
     # The parameters are still the model's own: a gradient step moves them.
     x, y = torch.randn(4, 784), torch.tensor([0, 1, 2, 3])
     torch.nn.functional.nll_loss(model(x), y).backward()
     torch.optim.SGD(model.parameters(), lr=0.1).step()
-    assert not np.array_equal(flat_params(model), values)
+    assert not np.array_equal(flat_state(model), values)
     loader.load(values)
-    np.testing.assert_array_equal(flat_params(model), values)
+    np.testing.assert_array_equal(flat_state(model), values)
 
 
 def test_flat_model_makes_every_parameter_float32_like_load_flat() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1).double())
     loader = FlatModel(model)
     loader.load(np.arange(9, dtype=np.float32))
-    np.testing.assert_array_equal(flat_params(model), np.arange(9, dtype=np.float32))
+    np.testing.assert_array_equal(flat_state(model), np.arange(9, dtype=np.float32))
     assert {p.dtype for p in model.parameters()} == {torch.float32}
 
 

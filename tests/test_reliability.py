@@ -169,11 +169,9 @@ def test_stalled_aggregator_keeps_redis_memory_bounded(redis_server: EmbeddedRed
 
 
 def _train(redis_url: str, client: redis.Redis, run_id: str, kills: int) -> float:
-    """Train an MLP on digits with 2 workers, SIGKILLing the aggregator ``kills`` times.
-
-    Each restart starts every worker's GEM moment from zero again (moments live in the
-    aggregator's memory), so kills cost some progress; over 1,200 updates 20 kills are one
-    every ~55 updates."""
+    """Train an MLP on digits with 2 workers, SIGKILLing the aggregator ``kills`` times
+    (over 1,200 updates, 20 kills are one every ~55 updates). Each new leader starts from
+    the GEM moments last checkpointed into Redis (gemq/checkpoints.py)."""
     from gemq.config import RunConfig
     from gemq.data import load_dataset
     from gemq.evaluate import evaluate
@@ -184,7 +182,8 @@ def _train(redis_url: str, client: redis.Redis, run_id: str, kills: int) -> floa
     budget = 1200
     store = create_run(client, RunConfig(run_id=run_id, model="mlp", dataset="digits",
                                          batch_size=32, budget_updates=budget))
-    agg_args = ("aggregator", "--run", run_id, "--redis-url", redis_url, "--lease-ms", "400")
+    agg_args = ("aggregator", "--run", run_id, "--redis-url", redis_url, "--lease-ms", "400",
+                "-v")
     workers = [GemqProcess("worker", "--run", run_id, "--redis-url", redis_url,
                            "--worker-id", f"{run_id}-w{i}") for i in range(2)]
     aggregator = GemqProcess(*agg_args)
@@ -192,10 +191,15 @@ def _train(redis_url: str, client: redis.Redis, run_id: str, kills: int) -> floa
         targets = [(k + 1) * budget // (kills + 2) for k in range(kills)]
         aggregator = sigkill_at(store, targets, aggregator, agg_args)
         assert aggregator.wait(120) == 0, aggregator.output()
+        if kills:  # the last leader started from the moments its predecessors checkpointed
+            assert "restored the GEM moments of 2 workers" in aggregator.output()
     finally:
         for process in (aggregator, *workers):
             process.stop()
     assert_accounting_closes(store, applied=budget)
+    version, moments = store.checkpointed_moments()  # read back: both workers', recent
+    assert set(moments) == {f"{run_id}-w0", f"{run_id}-w1"} and version > budget // 2
+    assert all(np.abs(m).max() > 0 for m in moments.values())
     data = load_dataset("digits")
     model = build_model("mlp", data.in_features, data.num_classes)
     load_flat(model, store.latest()[1])
@@ -207,12 +211,13 @@ def test_twenty_sigkills_keep_training_on_course(redis_server: EmbeddedRedis,
     undisturbed = _train(redis_server.url, redis_client, "calm", kills=0)
     disturbed = _train(redis_server.url, redis_client, "chaos", kills=20)
     print(f"test accuracy undisturbed {undisturbed:.3f}, with 20 SIGKILLs {disturbed:.3f}")
-    # _train checked the accounting: every update applied exactly once. Accuracy is not
-    # free: each restart zeroes the GEM moments, and in eight runs 20 kills in 1,200 updates
-    # ended 0.011 to 0.064 below the undisturbed runs' 0.975-0.978 (docs/reliability.md).
-    # The bound catches a run knocked off course, not that cost.
+    # _train checked the accounting (every update applied exactly once) and that each new
+    # leader restored the checkpointed moments. What 20 kills still cost (0.008 to 0.047
+    # below the undisturbed runs in six runs) is the backlog of gradients computed on the
+    # parameters of the moment of each kill while no aggregator ran: with max_pending 8
+    # instead of 64 it is within noise (docs/reliability.md has both distributions).
     assert undisturbed > 0.85
-    assert disturbed > undisturbed - 0.1, (undisturbed, disturbed)
+    assert disturbed > undisturbed - 0.06, (undisturbed, disturbed)
 
 
 def _parent_pid(pid: int) -> int:

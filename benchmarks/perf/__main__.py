@@ -17,10 +17,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from benchmarks.perf import compute, scale, targets, transport
+from benchmarks.perf import compute, models, scale, targets, transport
 from benchmarks.perf.common import Budget, machine
 
-BENCHMARKS: dict[str, ModuleType] = {m.NAME: m for m in (transport, compute, targets, scale)}
+BENCHMARKS: dict[str, ModuleType] = {m.NAME: m for m in (transport, compute, targets, scale,
+                                                           models)}
 #: The sections of each benchmark's result that are ratios, lifted to the top of the JSON.
 HEADLINES = {
     "transport": ("transport_ratio", "transport_ratio_spread", "transport_ratio_fp16",
@@ -29,6 +30,7 @@ HEADLINES = {
     "time_to_target": ("speedup_over_sgd", "speedup_over_reference",
                        "update_rate_over_reference", "wire_fp16", "wire_bf16"),
     "scale": ("scale",),
+    "real_models": ("amp", "checkpoint"),
 }
 Check = Callable[[float], bool]
 #: key prefix -> (target as text, check). Keys with no entry are reported, not judged.

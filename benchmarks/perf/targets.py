@@ -39,7 +39,7 @@ def sgd_process(batch: int, epochs: float, threads: int, out: str) -> None:
     import torch
 
     from gemq.data import load_dataset, minibatches, worker_seed
-    from gemq.flatmodel import flat_params
+    from gemq.flatmodel import flat_state
     from gemq.models import build_model
 
     if threads:  # 0: torch's default, every core
@@ -58,7 +58,7 @@ def sgd_process(batch: int, epochs: float, threads: int, out: str) -> None:
         optimiser.step()
         if time.monotonic() - last >= 0.2 or step == steps:
             last = time.monotonic()
-            snapshots.append((last - t0, step, flat_params(model).copy()))
+            snapshots.append((last - t0, step, flat_state(model).copy()))
     np.savez(out, times=[s[0] for s in snapshots], versions=[s[1] for s in snapshots],
              params=np.stack([s[2] for s in snapshots]), elapsed=time.monotonic() - t0,
              updates=steps)

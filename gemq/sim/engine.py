@@ -39,6 +39,7 @@ from gemq.errors import ConfigError, GemqError
 from gemq.evaluate import evaluate
 from gemq.flatmodel import FlatModel
 from gemq.layout import ParamLayout
+from gemq.losses import load_loss
 from gemq.models import build_model, layout_of
 from gemq.rules import UpdateStats, make_rule, median_sample
 from gemq.sim.options import SimOptions
@@ -75,9 +76,11 @@ class MomentumProxy:
 
     def apply(self, theta: np.ndarray, gradient: np.ndarray, snapshot: np.ndarray,
               worker_id: str, staleness: int) -> UpdateStats:
+        n = self._moment.size  # parameters; buffers' changes follow them, added as they are
         self._moment *= self.momentum
-        self._moment += np.multiply(gradient, -self.lr, out=self._delta)
-        theta += self._moment
+        self._moment += np.multiply(gradient[:n], -self.lr, out=self._delta)
+        theta[:n] += self._moment
+        theta[n:] += gradient[n:]
         energy = 0.5 * float(np.dot(self._moment, self._moment))
         return UpdateStats(staleness, median_pi=1.0, e_central=energy, e_proxy=energy)
 
@@ -152,7 +155,9 @@ class Simulator:
         torch.manual_seed(config.seed)  # the initial parameters `gemq run` draws for this seed
         model = build_model(config.model, self.data.in_features, self.data.num_classes)
         self.layout: ParamLayout = layout_of(model)
-        self.net = FlatModel(model)  # the step of gemq/worker.py
+        self.loss = load_loss(config.loss)
+        # The step of gemq/worker.py (amp stays off: the simulation is deterministic).
+        self.net = FlatModel(model, loss=self.loss, loss_name=config.loss)
         self.theta = self.net.values.copy()  # the central variable
         self.rule = self._updater()
         self.ids = [f"{config.run_id}-w{i}" for i in range(self.workers)]
@@ -177,9 +182,9 @@ class Simulator:
 
     def _updater(self) -> Updater:
         if self.options.reference:
-            return MomentumProxy(self.layout.size, lr=self.config.lr,
+            return MomentumProxy(self.layout.param_size, lr=self.config.lr,
                                  momentum=self.config.momentum)
-        return make_rule(self.config, self.layout.size,
+        return make_rule(self.config, self.layout.param_size,
                          dcasgd_lambda=self.options.dcasgd_lambda)
 
     def step(self) -> bool:
@@ -219,8 +224,9 @@ class Simulator:
         started, cpu = time.perf_counter(), time.process_time()
         self.net.load(self.theta)
         self._in_net = None
-        train_loss, _ = evaluate(self.net.model, self.eval_train, EVAL_BATCH)
-        test_loss, test_accuracy = evaluate(self.net.model, self.eval_test, EVAL_BATCH)
+        train_loss, _ = evaluate(self.net.model, self.eval_train, EVAL_BATCH, self.loss)
+        test_loss, accuracy = evaluate(self.net.model, self.eval_test, EVAL_BATCH, self.loss)
+        test_accuracy = math.nan if accuracy is None else accuracy  # NaN: not a classifier
         row = {"updates": self.updates, "gradients": self.gradients,
                "worker_steps": self.gradients / self.workers,
                "epochs": self.gradients * self.config.batch_size / len(self.data.train),  # type: ignore[arg-type]
@@ -234,7 +240,7 @@ class Simulator:
         return row
 
     def record_pi(self) -> None:
-        scale, tensors = self.rule.last_scale(), self.layout.tensors
+        scale, tensors = self.rule.last_scale(), self.layout.params
         self.pi_tensors.append({
             "updates": self.updates,
             "median": [median_sample(scale[t.slice]) for t in tensors],
@@ -261,7 +267,7 @@ class Simulator:
             if not math.isfinite(row["train_loss"]):
                 break  # diverged: theta is NaN or infinite from here on
         return SimResult(self.config, self.options, self.curve,
-                         [t.name for t in self.layout.tensors], self.pi_tensors,
+                         [t.name for t in self.layout.params], self.pi_tensors,
                          self._summary(time.perf_counter() - started,
                                        time.process_time() - cpu), self.theta)
 
@@ -279,7 +285,7 @@ class Simulator:
         compute_s, compute_cpu_s = wall_s - self.eval_s, cpu_s - self.eval_cpu_s
         return {
             "algo": "proxy" if self.options.reference else self.config.algo,
-            "workers": self.workers, "parameters": self.layout.size,
+            "workers": self.workers, "parameters": self.layout.param_size,
             "updates": self.updates, "gradients": self.gradients, "rejected": self.rejected,
             "initial_train_loss": first["train_loss"], "train_loss": final,
             "test_loss": last["test_loss"], "test_accuracy": last["test_accuracy"],

@@ -82,7 +82,7 @@ def run_view(store: RunStore) -> dict[str, Any]:
     return {
         **run_summary(store),
         "config": json.loads(store.config().to_json()),
-        "tensors": [t.name for t in store.layout().tensors],
+        "tensors": [t.name for t in store.layout().params],  # the heat map's rows
         "latest": latest,
         "counters": store.counters(),
         # The most recently heard from; the total says how many there are in all.

@@ -42,7 +42,7 @@ def _dataset(spec: str) -> DataSplit:
 
 def _create(client: Any, request: RunRequest, allow_imports: bool) -> RunStore:
     settings = request.settings()
-    for field in ("model", "dataset"):
+    for field in ("model", "dataset", "loss"):
         if is_import_spec(settings[field]) and not allow_imports:
             raise _unprocessable(field, f"{field} {settings[field]!r}: module:factory "
                                         "specs are disabled on this service "
@@ -144,15 +144,14 @@ def _state_dict_bytes(store: RunStore) -> bytes:
     Nothing named in the run's config is imported or called: that config comes from Redis,
     and a download must not run code chosen by whoever could write there (a module:factory
     spec runs only where GEMQ_ALLOW_IMPORT_SPECS lets a request name one). The layout lists
-    the model's parameters in named_parameters order, so the file loads into the model with
+    the model's parameters and persistent buffers, so the file loads into the model with
     ``load_state_dict`` as one saved from the module itself would.
     """
     import torch
 
-    layout = store.layout()
-    flat = store.latest()[1]
-    state = {t.name: torch.from_numpy(flat[t.slice].reshape(t.shape).copy())
-             for t in layout.tensors}
+    from gemq.flatmodel import state_dict_of
+
+    state = state_dict_of(store.layout(), store.latest()[1])
     buffer = io.BytesIO()
     torch.save(state, buffer)
     return buffer.getvalue()
