@@ -31,11 +31,14 @@ from gemq.connection import TRANSIENT_ERRORS, Backoff, connect
 from gemq.errors import CodecError, FencedError, RunLost, RunNotFound
 from gemq.keys import is_valid_worker_id
 from gemq.layout import ParamLayout
+from gemq.leadership import BatchRead, CommitPlan, Leadership, ReadRequest
 from gemq.process import die_with_parent, graceful_shutdown, keep_freed_memory, setup_logging
 from gemq.rejections import RejectionLog, StallWatch
 from gemq.rules import TENSOR_MEDIAN_SAMPLE, Rule, make_rule, median_sample
-from gemq.snapshots import SnapshotHistory
-from gemq.store import ENDED, BatchRead, CommitPlan, ReadRequest, RunState, RunStore, now_ms
+from gemq.shards import ShardPlan
+from gemq.snapshots import SnapshotHistory, kept_versions
+from gemq.store import ENDED, RunState, RunStore, now_ms
+from gemq.threads import run_together
 from gemq.window import UNKNOWN_WORKER, CommitWindow
 
 log = logging.getLogger(__name__)
@@ -84,10 +87,14 @@ class Leader:
         self.updates = head.updates
         self.version = head.version
         self.last_id = self.prev_id = head.last_id
-        self.history = SnapshotHistory(config.history, store.kept_versions(), store.snapshot)
-        self.rule: Rule = make_rule(config, layout.param_size)
+        plan = ShardPlan.of(layout, config.shards)
+        self.shard = plan.shards[store.shard]
+        self.history = SnapshotHistory(kept_versions(config, self.shard.size),
+                                       store.kept_versions(), store.snapshot)
+        self.rule: Rule = make_rule(config, self.shard.param_size)
         self.checkpoints = MomentCheckpoints(config.checkpoint_overhead)
-        self.expected = codec.Expected(config.run_id, layout.layout_id, layout.size,
+        self.expected = codec.Expected(config.run_id, plan.layout_id_of(store.shard),
+                                       self.shard.size,
                                        config.wire_dtype, config.max_message_bytes)
         self._last_heard: dict[str, float] = {}
         self._registered: set[str] = set()  # senders known to have registered with the run
@@ -211,10 +218,15 @@ class Leader:
             raise CodecError(codec.FUTURE_VERSION, f"version {version} was never published "
                                                    f"(newest is {self.version})")
         staleness = self.updates - version
-        snapshot = self.history.get(version)
-        if staleness > self.config.max_staleness or snapshot is None:
+        if staleness > self.config.max_staleness:
             raise CodecError(codec.TOO_STALE, f"computed on version {version}, {staleness} "
                                               "updates ago")
+        snapshot = self.history.get(version)
+        if snapshot is None:
+            raise CodecError(codec.SNAPSHOT_GONE, f"computed on version {version}, "
+                                                  f"{staleness} updates ago, whose snapshot "
+                                                  f"is no longer kept (the newest "
+                                                  f"{self.history.limit} are)")
         return staleness, snapshot
 
     def _reject(self, error: CodecError, worker_id: str, window: CommitWindow) -> None:
@@ -222,16 +234,20 @@ class Leader:
         self.stall.rejected(error.reason)
         self._rejections.rejected(worker_id, error)
 
-    def _pi_tensors(self) -> list[float] | None:
+    def _pi_tensors(self) -> list[float | None] | None:
         """Per-tensor median pi of the last update, at most every PI_TENSORS_EVERY_S: the
-        heat map needs no more, and commits can come hundreds of times a second."""
+        heat map needs no more, and commits can come hundreds of times a second. One entry
+        per parameter tensor of the run, None for those of other shards."""
         now = time.monotonic()
         if now - self._pi_tensors_at < PI_TENSORS_EVERY_S and not self.budget_spent:
             return None
         self._pi_tensors_at = now
         scale = self.rule.last_scale()
-        return [median_sample(scale[t.slice], TENSOR_MEDIAN_SAMPLE)
-                for t in self.layout.params]
+        medians: list[float | None] = [None] * len(self.layout.params)
+        index = {t.name: i for i, t in enumerate(self.layout.params)}
+        for tensor, part in self.shard.tensors(self.layout):
+            medians[index[tensor.name]] = median_sample(scale[part], TENSOR_MEDIAN_SAMPLE)
+        return medians
 
     def _expire_silent_workers(self) -> None:
         cutoff = time.monotonic() - self.config.worker_timeout_s
@@ -245,22 +261,26 @@ class Leader:
 
 
 class Aggregator:
-    """Lead a run until its budget is spent or a stop is requested; stand by otherwise."""
+    """Lead one shard of a run (``store``'s) until its budget is spent, a stop is requested
+    or the run fails; stand by while another aggregator leads it."""
 
     def __init__(self, store: RunStore, options: AggregatorOptions | None = None) -> None:
         self.store = store
         self.options = options or AggregatorOptions()
         self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.lead = Leadership(store, self.token, self.options.lease_ms)
+        self.name = (f"run {store.run_id}" if store.shard == 0
+                     else f"run {store.run_id} shard {store.shard}")
 
     def run(self, shutdown: threading.Event | None = None) -> str:
-        """Return the run's final state, or "shutdown" when asked to leave early.
+        """Return the shard's final state, or "shutdown" when asked to leave early.
 
         Redis outages are waited out with capped backoff; each new term reloads the run's
         committed state from Redis, so nothing half-done in memory survives an outage.
         """
         shutdown = shutdown or threading.Event()
         keep_freed_memory()
-        outage = Backoff(f"run {self.store.run_id}: aggregator")
+        outage = Backoff(f"{self.name}: aggregator")
         self.store.config()  # RunNotFound now, before anything: the run must exist
         try:
             while not shutdown.is_set():
@@ -285,21 +305,36 @@ class Aggregator:
         config, layout = self.store.config(), self.store.layout()
         if not self._wait_for_lease(shutdown):
             return "shutdown"
-        state = self.store.state()  # checked under the lease: the last leader may be done
-        if state in ENDED:
-            log.info("run %s is %s; nothing to do", config.run_id, state)
-            return state
+        # Checked under the lease: the last leader may be done, the run failed elsewhere.
+        ended = self._ended()
+        if ended is not None:
+            log.info("%s is %s; nothing to do", self.name, ended)
+            return ended
         try:
-            return self._lead(Leader(self.store, config, layout), shutdown)
+            leader = Leader(self.store, config, layout)
+            log.info("%s: keeps %d snapshots, so gradients up to %d updates stale are "
+                     "applied", self.name, leader.history.limit,
+                     min(config.max_staleness, leader.history.limit - 1))
+            return self._lead(leader, shutdown)
         except FencedError as e:
-            log.warning("run %s: %s; standing by", config.run_id, e)
+            log.warning("%s: %s; standing by", self.name, e)
             return None
+
+    def _ended(self) -> str | None:
+        """The shard's final state if it has one (the run concluded if it can be), or the
+        run's if the run has ended."""
+        shard_state = self.store.head().state
+        if shard_state is not None:
+            self.store.conclude()  # a leader may have died between its last commit and this
+            return shard_state
+        state = self.store.state()
+        return state if state in ENDED else None
 
     def _release_lease(self) -> None:
         # On the way out, whatever Redis says (away, restarted empty): the lease expires by
         # itself, and leaving must not hide the reason for leaving.
         with contextlib.suppress(redis.RedisError):
-            self.store.release_lease(self.token)
+            self.lead.release()
 
     @property
     def _idle_block_ms(self) -> int:
@@ -311,14 +346,13 @@ class Aggregator:
         """Take the lease (True), or give up on shutdown or once the run has ended."""
         announced = False
         while not shutdown.is_set():
-            if self.store.acquire_lease(self.token, self.options.lease_ms):
-                log.info("run %s: leading as %s", self.store.run_id, self.token)
+            if self.lead.acquire():
+                log.info("%s: leading as %s", self.name, self.token)
                 return True
-            if self.store.state() in ENDED:
+            if self.store.state() in ENDED or self.store.head().state is not None:
                 return True  # the caller sees the state and leaves
             if not announced:
-                log.info("run %s: another aggregator holds the lease; standing by",
-                         self.store.run_id)
+                log.info("%s: another aggregator holds the lease; standing by", self.name)
                 announced = True
             shutdown.wait(self.options.standby_poll_s)
         return False
@@ -326,21 +360,22 @@ class Aggregator:
     def _lead(self, leader: Leader, shutdown: threading.Event) -> str:
         self.store.mark_running(self.token)
         # A new leader may inherit its predecessor's unacknowledged batch: no waiting yet.
-        read = self.store.fenced_read(self.token, self.options.lease_ms, leader.read_count)
+        read = self.lead.read(leader.read_count)
         while True:
             leader.absorb([(entry_id, _field(f, b"m"), _sender(f))
                            for entry_id, f in read.entries])
-            final, status = _final_state(leader, read)
+            final, fields = _final_state(leader, read)
             idle = not read.entries  # nothing came while blocked: flush what is open
             if final or shutdown.is_set():
                 last = leader.close()
-                last.status = status
+                last.final = fields
                 if final or last.ack:
                     self._commit(last, leader)
                 if final:
+                    self.store.conclude()
                     log.log(logging.ERROR if final == RunState.FAILED else logging.INFO,
-                            "run %s %s after %d updates%s", leader.config.run_id, final,
-                            leader.updates, f": {status['error']}" if "error" in status else "")
+                            "%s %s after %d updates%s", self.name, final, leader.updates,
+                            f": {fields['error']}" if "error" in fields else "")
                     return final
                 return "shutdown"
             due = (idle and leader.window_entries) or leader.commit_due()
@@ -349,10 +384,8 @@ class Aggregator:
             if plan is not None:
                 read = self._commit(plan, leader, request)
             else:
-                read = self.store.fenced_read(self.token, self.options.lease_ms,
-                                              request.count,
-                                              pending_after=request.pending_after,
-                                              block_ms=request.block_ms)
+                read = self.lead.read(request.count, pending_after=request.pending_after,
+                                      block_ms=request.block_ms)
 
     def _next_read(self, leader: Leader, last: BatchRead) -> ReadRequest:
         """The next read: at a window's start every unacknowledged entry is read again from
@@ -376,10 +409,9 @@ class Aggregator:
         read = None
         started = time.monotonic()
         if then is None:
-            committed = self.store.commit(self.token, self.options.lease_ms, plan, leader.theta)
+            committed = self.lead.commit(plan, leader.theta)
         else:
-            committed, read = self.store.commit_then_read(self.token, self.options.lease_ms,
-                                                          plan, leader.theta, then)
+            committed, read = self.lead.commit_then_read(plan, leader.theta, then)
         if not committed and self.store.head().last_id != plan.last_id:
             # Not merely our own commit, re-sent after a lost reply.
             raise FencedError("the run's head moved under this aggregator")
@@ -389,18 +421,23 @@ class Aggregator:
 
 
 def _final_state(leader: Leader, read: BatchRead) -> tuple[RunState | None, dict[str, object]]:
-    """Whether the run ends with this window: its final state and the status to commit."""
-    ended = {"ended_ms": now_ms()}
+    """Whether the shard ends with this window: its final state, and the fields its commit
+    sets in the shard's head (the run's status follows from the shards': RunStore.conclude)."""
+    state, error = None, None
     if leader.budget_spent:
-        return RunState.FINISHED, {"state": RunState.FINISHED, **ended}
-    if read.failed:  # by a worker; its error stands
-        return RunState.FAILED, {}
-    stalled = leader.stall.stalled()
-    if stalled is not None:
-        return RunState.FAILED, {"state": RunState.FAILED, "error": stalled, **ended}
-    if read.stop_requested:
-        return RunState.STOPPED, {"state": RunState.STOPPED, **ended}
-    return None, {}
+        state = RunState.FINISHED
+    elif read.failed:  # by a worker, or by another shard's aggregator: its error stands
+        state = RunState.FAILED
+    elif (stalled := leader.stall.stalled()) is not None:
+        state, error = RunState.FAILED, stalled
+    elif read.stop_requested:
+        state = RunState.STOPPED
+    if state is None:
+        return None, {}
+    fields: dict[str, object] = {"state": state, "ended_ms": now_ms()}
+    if error:
+        fields["error"] = error
+    return state, fields
 
 
 def _check_sender(sender: str | None, worker_id: str, registered: set[str]) -> None:
@@ -434,13 +471,22 @@ def _sender(fields: dict[bytes, bytes] | None) -> str | None:
     return sender if sender is not None and is_valid_worker_id(sender) else None
 
 
-def aggregator_main(url: str, run_id: str, lease_ms: int) -> None:
-    """Entry point of a local aggregator process (numpy only: no torch is imported)."""
+def lead_shards(stores: list[RunStore], options: AggregatorOptions,
+                shutdown: threading.Event) -> list[str]:
+    """Lead each of ``stores``' shards, one thread each; return their final states. An
+    error in one shard's aggregator stops the others."""
+    return run_together([(f"shard-{s.shard}", Aggregator(s, options).run) for s in stores],
+                        shutdown)
+
+
+def aggregator_main(url: str, run_id: str, lease_ms: int, shard: int = 0) -> None:
+    """Entry point of a local aggregator process for one shard (numpy only: no torch)."""
     shutdown = graceful_shutdown(ignore_sigint=True)
     die_with_parent()  # a local run's aggregator must not outlive `gemq run`, however it ends
     setup_logging(logging.WARNING)
     client = connect(url)
     try:
-        Aggregator(RunStore(client, run_id), AggregatorOptions(lease_ms=lease_ms)).run(shutdown)
+        Aggregator(RunStore(client, run_id, shard),
+                   AggregatorOptions(lease_ms=lease_ms)).run(shutdown)
     finally:
         client.close()

@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, default=None, help="default: runs/<run-id>")
     run.add_argument("--json", type=Path, default=None, help="also write the summary here")
     run.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    run.add_argument("--local-cluster", type=int, default=0, metavar="MASTERS",
+                     help="start a private Redis Cluster of this many masters instead of "
+                          "one private Redis (try --shards on the real topology); 0: no")
     _add_init_from(run)
 
     create = _command(commands, "create", "create a run in Redis for remote workers",
@@ -102,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     aggregator.add_argument("--lease-ms", type=positive_int, default=5000,
                             help="the leader's lease; a standby takes over this long after "
                                  "the leader's last sign of life")
+    aggregator.add_argument("--shard", type=int, default=None,
+                            help="lead this shard of a sharded run only (default: every "
+                                 "shard, one thread each; run one process per shard to "
+                                 "spread them over cores or machines)")
     aggregator.add_argument("--serve", action="store_true",
                             help="the aggregator service: take runs' jobs off the rq queue")
 
@@ -176,7 +183,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         summary = train(workers=args.workers, worker_processes=args.worker_processes,
                         redis_url=args.redis_url, out_dir=args.out,
                         progress=not args.no_progress, device=args.device,
-                        init_from=args.init_from, **_run_settings(args))
+                        init_from=args.init_from, local_cluster=args.local_cluster,
+                        **_run_settings(args))
     if args.json:
         from gemq.summary import write_json
 
@@ -230,7 +238,7 @@ def _cmd_aggregator(args: argparse.Namespace) -> int:
         serve(load(AggregatorServiceSettings, redis_url=args.redis_url,
                    lease_ms=args.lease_ms))
         return 0
-    from gemq.aggregator import Aggregator, AggregatorOptions
+    from gemq.aggregator import AggregatorOptions, lead_shards
     from gemq.connection import connect
     from gemq.process import graceful_shutdown
     from gemq.store import ENDED, RunStore
@@ -238,13 +246,20 @@ def _cmd_aggregator(args: argparse.Namespace) -> int:
     run_id, url = _require_run(args), _require_url(args)
     client = connect(url)
     try:
-        store = RunStore(client, run_id)
-        final = Aggregator(store, AggregatorOptions(lease_ms=args.lease_ms)).run(
-            graceful_shutdown())
+        shards = RunStore(client, run_id).shards()
+        if args.shard is not None:
+            if not 0 <= args.shard < len(shards):
+                raise ConfigError("shard", f"run {run_id} has shards 0 to {len(shards) - 1}, "
+                                           f"not {args.shard}")
+            shards = [shards[args.shard]]
+        shutdown = graceful_shutdown()
+        finals = lead_shards(shards, AggregatorOptions(lease_ms=args.lease_ms), shutdown)
     finally:
         client.close()
-    print(f"run {run_id}: {final}")
-    return 0 if final in ENDED or final == "shutdown" else 1
+    for shard, final in zip(shards, finals, strict=True):
+        print(f"run {run_id}" + (f" shard {shard.shard}" if len(finals) > 1 else "")
+              + f": {final}")
+    return 0 if all(f in ENDED or f == "shutdown" for f in finals) else 1
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:

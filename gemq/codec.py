@@ -55,9 +55,11 @@ FUTURE_VERSION = "future_version"
 # not a valid worker id or not the header's; or names a worker that never registered.
 BAD_SENDER = "bad_sender"
 UNKNOWN_SENDER = "unknown_sender"
+# ...and one for a gradient within max_staleness whose snapshot the byte budget dropped.
+SNAPSHOT_GONE = "snapshot_gone"
 REASONS = (MALFORMED, TOO_LARGE, BAD_FORMAT, BAD_HEADER, WRONG_RUN, WRONG_LAYOUT,
            WRONG_DTYPE, WRONG_LENGTH, NON_FINITE, OUT_OF_RANGE, TOO_STALE, FUTURE_VERSION,
-           BAD_SENDER, UNKNOWN_SENDER)
+           BAD_SENDER, UNKNOWN_SENDER, SNAPSHOT_GONE)
 #: Gradient elements beyond this magnitude are refused: no real training produces them, and
 #: applied they would overflow float32 parameters and energies.
 MAX_ABS_GRADIENT = 1e12

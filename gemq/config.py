@@ -131,11 +131,22 @@ class RunConfig:
     #: A gradient computed on parameters more than this many updates old is rejected.
     max_staleness: int = _setting(512, "gradients staler than this many updates are "
                                   "rejected", low=0, high=10**6)
-    #: Parameter snapshots kept (in Redis and in the aggregator) to compute theta - s.
-    history: int = _setting(64, "snapshots kept", user=False, low=1, high=4096)
+    #: Parameter snapshots kept (in Redis and in the aggregator) to compute theta - s are
+    #: bounded by bytes, per shard; the staleness a run accepts is what they cover, up to
+    #: max_staleness (gemq/snapshots.py: kept_versions).
+    snapshot_budget_mb: int = _setting(64, "megabytes of parameter snapshots kept per "
+                                       "shard, in Redis and in its aggregator: gradients "
+                                       "older than the snapshots kept are rejected",
+                                       group=LIMITS, low=1, high=10**6)
+    #: At most this many snapshots as well (0: no count beyond the budget's).
+    history: int = _setting(0, "snapshots kept at most", user=False, low=0, high=10**6)
     #: Workers wait while the gradient stream holds more entries than this.
     max_pending: int = _setting(64, "workers wait while the stream holds more gradients "
                                 "than this", group=TRANSPORT, low=1, high=10**6)
+    #: The parameters are split into this many shards, each with its own aggregator.
+    shards: int = _setting(1, "split the parameters into this many shards, each with its "
+                           "own gradient stream and aggregator (on one Redis or a Redis "
+                           "Cluster)", group=TRANSPORT, low=1, high=256)
     #: Aggregator reads at most this many gradients per batch.
     read_batch: int = _setting(32, "gradients per read", user=False, low=1, high=4096)
     #: A worker silent this long (seconds) loses its GEM state.

@@ -6,7 +6,7 @@ import logging
 import re
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote
 
 import redis
@@ -114,6 +114,9 @@ def connect(url: str, *, wait_s: float | None = 30.0, socket_timeout_s: float = 
     Commands on the returned client are re-sent up to ``retries`` times after a transient
     connection error. Only idempotent callers should allow that: a worker, whose XADD must
     not land twice, passes ``retries=0`` and waits out outages in its own loop.
+
+    A node of a Redis Cluster gets a cluster client (gemq/cluster.py), which speaks the
+    same commands and sends each to the node serving its key's slot.
     """
     try:
         client = redis.Redis.from_url(
@@ -125,6 +128,12 @@ def connect(url: str, *, wait_s: float | None = 30.0, socket_timeout_s: float = 
         raise RedisUnavailable(f"invalid Redis URL {redact(url)!r}: {e}") from e
     if wait_s is not None:
         wait_until_ready(url, wait_s)
+        from gemq.cluster import connect_cluster, is_cluster  # it builds on this module
+
+        if is_cluster(client):
+            client.close()
+            return cast(redis.Redis, connect_cluster(
+                url, wait_s=None, socket_timeout_s=socket_timeout_s, retries=retries))
     return client
 
 

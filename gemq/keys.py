@@ -1,7 +1,11 @@
 """Every Redis key and stream name gemq uses, built from one template per kind.
 
-All keys of a run share the prefix ``gemq:{<run>}:`` whose braces are a Redis Cluster hash
-tag: a run lives in one slot, so the aggregator's commit script may touch all of them.
+A run's parameters may be split into shards (gemq/shards.py). Each shard's keys share a
+prefix whose braces are a Redis Cluster hash tag, ``gemq:{<run>}:`` for shard 0 and
+``gemq:{<run>/<k>}:`` for shard k: a shard lives in one slot, so its aggregator's commit
+script may touch all of its keys, and Redis Cluster spreads the shards over its masters.
+The run-wide keys (configuration, layout, status) live in shard 0's slot. A run of one
+shard has exactly the keys it had before shards existed.
 """
 
 from __future__ import annotations
@@ -31,35 +35,47 @@ def is_valid_worker_id(worker_id: str) -> bool:
 
 @dataclass(frozen=True)
 class RunKeys:
-    """The key names of one run."""
+    """The key names of one shard of a run (shard 0: also the run-wide ones)."""
 
     run_id: str
+    shard: int = 0
 
     @property
     def prefix(self) -> str:
-        return f"gemq:{{{self.run_id}}}:"
+        return f"gemq:{{{self.tag}}}:"
+
+    @property
+    def tag(self) -> str:
+        """The shard's hash tag (run ids cannot hold '/', so no run's tag is another's)."""
+        return self.run_id if self.shard == 0 else f"{self.run_id}/{self.shard}"
 
     def _key(self, name: str) -> str:
         return self.prefix + name
 
+    def _run_key(self, name: str) -> str:
+        return f"gemq:{{{self.run_id}}}:{name}"
+
+    def of_shard(self, shard: int) -> RunKeys:
+        return RunKeys(self.run_id, shard)
+
     @property
     def config(self) -> str:
-        """JSON run configuration (string)."""
-        return self._key("config")
+        """JSON run configuration (string; run-wide)."""
+        return self._run_key("config")
 
     @property
     def layout(self) -> str:
-        """JSON parameter layout: names, shapes, offsets (string)."""
-        return self._key("layout")
+        """JSON parameter layout: names, shapes, offsets (string; run-wide)."""
+        return self._run_key("layout")
 
     @property
     def status(self) -> str:
-        """Run lifecycle hash: state, error, stop_requested, timestamps."""
-        return self._key("status")
+        """Run lifecycle hash: state, error, stop_requested, timestamps (run-wide)."""
+        return self._run_key("status")
 
     @property
     def head(self) -> str:
-        """Hash: version (updates applied), last applied stream id, fencing epoch."""
+        """Hash: version (updates applied), last applied stream id, the shard's final state."""
         return self._key("head")
 
     def params(self, version: int) -> str:
@@ -88,7 +104,7 @@ class RunKeys:
 
     @property
     def workers(self) -> str:
-        """Set of the worker ids that have taken part in the run."""
+        """Sorted set of the registered worker ids, by last contact."""
         return self._key("workers")
 
     def worker(self, worker_id: str) -> str:

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import multiprocessing as mp
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from torch import nn
 
 from gemq import codec
 from gemq.aggregator import aggregator_main
+from gemq.cluster import EmbeddedCluster, is_cluster
 from gemq.config import USER_SETTINGS, RunConfig, make_config, validate_settings
 from gemq.connection import connect, redact
 from gemq.data import DataSplit, load_dataset
@@ -36,6 +38,7 @@ from gemq.models import build_model
 from gemq.process import raise_on_termination
 from gemq.progress import ProgressDisplay
 from gemq.runs import create_run
+from gemq.snapshots import kept_versions
 from gemq.specs import spec_of
 from gemq.store import ENDED, RunState, RunStore
 from gemq.summary import run_totals, write_json
@@ -46,6 +49,8 @@ log = logging.getLogger(__name__)
 #: Redis' smallest allowed proto-max-bulk-len, and room beyond a run's largest value.
 MIN_BULK_LEN = 1024 * 1024
 BULK_LEN_SLACK = 64 * 1024
+#: The most masters --local-cluster starts (each is a redis-server process).
+MAX_LOCAL_MASTERS = 16
 #: Worker processes yield the CPU to the aggregator and Redis: on a machine with fewer cores
 #: than processes, a starved aggregator lets the stream back up and staleness grow.
 LOCAL_WORKER_NICENESS = 5
@@ -67,6 +72,8 @@ class LocalOptions:
     progress: bool = True
     device: str = "cpu"
     lease_ms: int = 5000
+    #: Masters of a private Redis Cluster to start instead of one private Redis (0: none).
+    local_cluster: int = 0
 
 
 def train(model: ModelSpec = DEFAULT_MODEL, dataset: DatasetSpec = DEFAULT_DATASET, *,
@@ -75,22 +82,25 @@ def train(model: ModelSpec = DEFAULT_MODEL, dataset: DatasetSpec = DEFAULT_DATAS
           momentum: float | None = None, kappa: float | None = None,
           pi_max: float | None = None, batch_size: int | None = None,
           seed: int | None = None, max_staleness: int | None = None,
-          max_pending: int | None = None, wire_dtype: str | None = None,
+          snapshot_budget_mb: int | None = None, max_pending: int | None = None,
+          shards: int | None = None, wire_dtype: str | None = None,
           publish_every: int | None = None, publish_interval_ms: int | None = None,
           max_rejected_in_a_row: int | None = None, stall_timeout_s: float | None = None,
           loss: str | None = None, amp: str | None = None,
           checkpoint_overhead: float | None = None, init_from: str | Path | None = None,
           run_id: str | None = None, redis_url: str | None = None,
           out_dir: str | Path | None = None, progress: bool = True, device: str = "cpu",
-          worker_processes: int = 0) -> dict[str, Any]:
+          worker_processes: int = 0, local_cluster: int = 0) -> dict[str, Any]:
     """Train locally on a private Redis (or ``redis_url``); return the run summary, which is
     also written to ``out_dir`` (default ``runs/<run id>``) with the model.
 
     ``model`` and ``dataset`` are built-in names, ``module:factory`` specs, or importable
     callables. The budget is ``epochs`` (passes over the training set, summed over workers)
     or ``steps`` (updates). ``init_from``: a state_dict file (an earlier run's model.pt) to
-    start from. Every setting left None takes RunConfig's default (see ``gemq run --help``,
-    or gemq.config, for each one's meaning, default and range).
+    start from. ``local_cluster``: start a private Redis Cluster of that many masters
+    (instead of one private Redis) to try the sharded topology. Every setting left None
+    takes RunConfig's default (see ``gemq run --help``, or gemq.config, for each one's
+    meaning, default and range).
     """
     given = locals()  # the arguments, by name: one per user setting (a test checks)
     settings: dict[str, Any] = {s.name: given[s.name] for s in USER_SETTINGS}
@@ -100,7 +110,7 @@ def train(model: ModelSpec = DEFAULT_MODEL, dataset: DatasetSpec = DEFAULT_DATAS
     config = make_config(settings, train_samples=len(data.train))  # type: ignore[arg-type]
     options = LocalOptions(workers=workers, worker_processes=worker_processes,
                            redis_url=redis_url, out_dir=Path(out_dir) if out_dir else None,
-                           progress=progress, device=device)
+                           progress=progress, device=device, local_cluster=local_cluster)
     return run_local(config, options, data, Path(init_from) if init_from else None)
 
 
@@ -114,12 +124,18 @@ def run_local(config: RunConfig, options: LocalOptions, data: DataSplit | None =
     ``init_from``: a state_dict file to start from)."""
     if options.workers < 1:
         raise ConfigError("workers", f"must be at least 1, got {options.workers}")
+    if options.local_cluster and options.redis_url:
+        raise ConfigError("local_cluster", "starts a private cluster: give it or a Redis URL, "
+                                           "not both")
+    if not 0 <= options.local_cluster <= MAX_LOCAL_MASTERS:
+        raise ConfigError("local_cluster", f"masters must be 0 (none) to {MAX_LOCAL_MASTERS}, "
+                                           f"got {options.local_cluster}")
     data = data or load_dataset(config.dataset)
     out = options.out_dir or Path("runs") / config.run_id
     model = build_model(config.model, data.in_features, data.num_classes)
     started = time.monotonic()
     # SIGTERM and SIGHUP unwind like Ctrl-C: children stopped, the private Redis with them.
-    with raise_on_termination(), _redis(options.redis_url) as url:
+    with raise_on_termination(), _redis(options) as url:
         client = connect(url)
         try:
             store = create_run(client, config, data, init_from)
@@ -132,7 +148,9 @@ def run_local(config: RunConfig, options: LocalOptions, data: DataSplit | None =
                 model_file.save_on_the_way_out()
                 raise
             summary = run_totals(store)
-            summary["redis"] = "embedded" if options.redis_url is None else redact(url)
+            summary["redis"] = (redact(options.redis_url) if options.redis_url
+                                else f"embedded cluster of {options.local_cluster} masters"
+                                if options.local_cluster else "embedded")
             model_file.save()
         finally:
             client.close()
@@ -141,9 +159,14 @@ def run_local(config: RunConfig, options: LocalOptions, data: DataSplit | None =
 
 
 @contextlib.contextmanager
-def _redis(url: str | None) -> Iterator[str]:
-    if url:
-        yield url
+def _redis(options: LocalOptions) -> Iterator[str]:
+    if options.redis_url:
+        yield options.redis_url
+        return
+    if options.local_cluster:
+        with EmbeddedCluster(options.local_cluster, die_with_owner=True) as cluster:
+            log.info("started a private Redis Cluster on ports %s", cluster.ports)
+            yield cluster.url
         return
     with EmbeddedRedis(die_with_owner=True) as server:
         log.info("started a private redis-server on port %d", server.port)
@@ -154,39 +177,51 @@ def _refuse_oversized_values(client: redis.Redis, store: RunStore, config: RunCo
     """Make the private Redis refuse any value larger than this run's largest legal one (a
     parameter vector or a gradient message): an oversized stream entry is then refused when
     it is written, and never reaches the aggregator's memory."""
-    size = store.layout().size
+    size = max(shard.size for shard in store.plan().shards)
     expected = codec.Expected(config.run_id, "", size, config.wire_dtype,
                               config.max_message_bytes)
     largest = max(4 * size, expected.byte_limit)
-    client.config_set("proto-max-bulk-len", max(MIN_BULK_LEN, largest + BULK_LEN_SLACK))
+    on_every_node = {"target_nodes": "all"} if is_cluster(client) else {}
+    client.config_set("proto-max-bulk-len", max(MIN_BULK_LEN, largest + BULK_LEN_SLACK),
+                      **on_every_node)
 
 
 def _supervise(url: str, store: RunStore, config: RunConfig, options: LocalOptions,
                model_file: ModelFile) -> None:
     """Start the processes, show progress, and wait for the aggregator to end the run."""
     context = mp.get_context("spawn")
-    aggregator = context.Process(target=aggregator_main, name="gemq-aggregator",
-                                 args=(url, config.run_id, options.lease_ms))
+    aggregators = [context.Process(target=aggregator_main,
+                                   name="gemq-aggregator" + (f"-{k}" if k else ""),
+                                   args=(url, config.run_id, options.lease_ms, k))
+                   for k in range(config.shards)]
     workers = [context.Process(target=worker_main, name=f"gemq-worker-{i}",
                                args=(url, config.run_id, ids, options.device,
                                      LOCAL_WORKER_NICENESS))
                for i, ids in enumerate(_worker_groups(config.run_id, options))]
-    processes: list[BaseProcess] = [aggregator, *workers]
+    processes: list[BaseProcess] = [*aggregators, *workers]
+    shards = f" for {config.shards} shards" if config.shards > 1 else ""
     display = ProgressDisplay(
         store, config.budget_updates, enabled=options.progress,
-        starting=f"run {config.run_id}: starting 1 aggregator and {options.workers} workers "
-                 f"({config.algo}, {config.model} on {config.dataset}, "
+        starting=f"run {config.run_id}: starting {len(aggregators)} aggregator"
+                 f"{'s' if len(aggregators) > 1 else ''}{shards} and {options.workers} "
+                 f"workers ({config.algo}, {config.model} on {config.dataset}, "
                  f"{config.budget_updates} updates)")
+    kept = kept_versions(config, max(shard.size for shard in store.plan().shards))
+    if options.progress and kept <= config.max_staleness:
+        print(f"run {config.run_id}: {kept} parameter snapshots fit in --snapshot-budget-mb "
+              f"{config.snapshot_budget_mb}: gradients more than {kept - 1} updates stale "
+              "will be rejected (snapshot_gone)", file=sys.stderr)
     try:
         for process in processes:
             process.start()
-        while aggregator.is_alive():
-            aggregator.join(0.25)
+        while any(a.is_alive() for a in aggregators):
+            aggregators[0].join(0.25)
             display.poll()
             model_file.save_if_due()
-            if not any(w.is_alive() for w in workers) and aggregator.is_alive():
+            if not any(w.is_alive() for w in workers):
                 if store.state() in ENDED:  # they left because the run ended
-                    aggregator.join(10)
+                    for aggregator in aggregators:
+                        aggregator.join(10)
                     break
                 raise GemqError("every worker process exited before the run finished; "
                                 f"codes: {[w.exitcode for w in workers]}")
@@ -195,15 +230,20 @@ def _supervise(url: str, store: RunStore, config: RunConfig, options: LocalOptio
         status = store.status()
         if status["state"] == RunState.FAILED and status.get("error"):
             raise GemqError(f"run {config.run_id} failed: {status['error']}")
-        if aggregator.exitcode != 0 or status["state"] not in (RunState.FINISHED,
-                                                               RunState.STOPPED):
-            raise GemqError(f"the aggregator ended with code {aggregator.exitcode}, run state "
+        codes = [a.exitcode for a in aggregators]
+        if any(codes) or status["state"] not in (RunState.FINISHED, RunState.STOPPED):
+            raise GemqError(f"the aggregator ended with code {_worst(codes)}, run state "
                             f"{status['state']!r}; see the log above")
         for worker in workers:
             worker.join(30)
     finally:
         display.close()
         _terminate(processes)
+
+
+def _worst(codes: list[int | None]) -> int | None:
+    """The exit code to report: the first non-zero one (None: still running)."""
+    return next((code for code in codes if code != 0), 0)
 
 
 def _worker_groups(run_id: str, options: LocalOptions) -> list[list[str]]:

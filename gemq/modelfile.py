@@ -13,6 +13,7 @@ from pathlib import Path
 
 from torch import nn
 
+from gemq import combine
 from gemq.evaluate import save_state_dict
 from gemq.flatmodel import load_flat
 from gemq.store import RunStore
@@ -29,18 +30,19 @@ class ModelFile:
     def __init__(self, store: RunStore, model: nn.Module, path: Path,
                  every_s: float = SAVE_EVERY_S) -> None:
         self.store, self.model, self.path, self.every_s = store, model, path, every_s
-        self.version = -1
+        self.versions: tuple[int, ...] = ()
         self._saved_at = time.monotonic()
 
     def save(self) -> int:
-        """Write the newest published state; return its version."""
-        version, state = self.store.latest()
-        if version != self.version:
+        """Write the newest published state (every shard's); return its version (the
+        slowest shard's)."""
+        versions, state = combine.latest_state(self.store.shards())
+        if versions != self.versions:
             load_flat(self.model, state)
             save_state_dict(self.model, self.path)
-            self.version = version
+            self.versions = versions
         self._saved_at = time.monotonic()
-        return version
+        return min(versions)
 
     def save_if_due(self) -> None:
         if time.monotonic() - self._saved_at >= self.every_s:

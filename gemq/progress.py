@@ -1,4 +1,5 @@
-"""Live progress of a run on the terminal, read from the run's metrics stream."""
+"""Live progress of a run on the terminal, read from the run's metrics stream (shard 0's,
+for a sharded run) and its rejections (every shard's)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import sys
 
 from tqdm import tqdm
 
+from gemq import combine
 from gemq.store import RunStore
 
 
@@ -16,6 +18,7 @@ class ProgressDisplay:
     def __init__(self, store: RunStore, total: int, enabled: bool = True,
                  starting: str = "") -> None:
         self.store = store
+        self.shards = store.shards()
         self.total = total
         self.enabled = enabled
         self.last_id = "0-0"
@@ -38,7 +41,7 @@ class ProgressDisplay:
         if not self.enabled:
             return
         rows = self.store.metrics_since(self.last_id)
-        rejected = _rejections(self.store.counters())
+        rejected = _rejections(combine.counters(self.shards))
         if not rows and rejected == self.rejected:
             return
         self.bar = self.bar or self._open()

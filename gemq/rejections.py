@@ -21,8 +21,11 @@ HINTS = {
                         "or a learning rate high enough to make it diverge",
     codec.NON_FINITE: "NaN or infinite gradients: the model diverged (try a lower --lr) or "
                       "its loss is undefined on some inputs",
-    codec.TOO_STALE: "gradients computed on parameters older than --max-staleness updates "
-                     "or than the snapshots kept: raise --max-staleness or use fewer workers",
+    codec.TOO_STALE: "gradients computed on parameters older than --max-staleness updates: "
+                     "raise --max-staleness or use fewer workers",
+    codec.SNAPSHOT_GONE: "gradients on parameters older than the snapshots kept: raise "
+                         "--snapshot-budget-mb (or --shards, so each shard's snapshots are "
+                         "smaller) or use fewer workers",
     codec.FUTURE_VERSION: "gradients on parameters this run never published: workers of "
                           "another run with the same id, or a run restored from an older "
                           "copy of Redis",

@@ -16,17 +16,18 @@ end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 """
 
-#: KEYS: lease, status.  ARGV: token, lease_ms.  Renews the lease; returns
-#: [stop_requested, state] (a run failed by a worker must stop its leader too).
+#: KEYS: lease.  ARGV: token, lease_ms.  Renews the lease.
 #: The batch itself is read outside the script, in the same pipeline: a script would copy
 #: every message into Lua and back. Reading needs no fence: a stale leader's read only moves
 #: entries into the group's pending list, which the leader reads before anything new.
 RENEW = FENCE.replace("ON_FENCED", "") + """
-return redis.call('HMGET', KEYS[2], 'stop_requested', 'state')
+return 1
 """
 
-#: KEYS: lease, head, versions, gradients, metrics, counters, workers, status, new params,
-#:       staged params, moments index, then plan.n_drop snapshot keys to delete, one key per
+#: Every key is the shard's (one slot): the run's status is set apart (CONCLUDE), once the
+#: shards have their final states.
+#: KEYS: lease, head, versions, gradients, metrics, counters, new params, staged params,
+#:       moments index, then plan.n_drop snapshot keys to delete, one key per
 #:       plan.workers entry, (staged, final) moment keys per plan.checkpoint entry, and one
 #:       moment key per plan.forget entry.
 #: ARGV: token, lease_ms, msgpack plan.
@@ -39,7 +40,7 @@ return redis.call('HMGET', KEYS[2], 'stop_requested', 'state')
 #: discarded. It is
 #: idempotent: it applies only on top of the head it was computed from (plan.prev_id), so a
 #: commit re-sent after a lost reply changes nothing and returns 0.
-COMMIT = FENCE.replace("ON_FENCED", "redis.call('DEL', KEYS[10])") + """
+COMMIT = FENCE.replace("ON_FENCED", "redis.call('DEL', KEYS[8])") + """
 -- Stream ids compared as 'ms-seq' pairs of 64-bit decimals (Lua's numbers would round).
 local function id_less(a, b)
   local am, as = string.match(a, '(%d+)-(%d+)')
@@ -53,15 +54,15 @@ local function id_less(a, b)
 end
 local plan = cmsgpack.unpack(ARGV[3])
 if redis.call('HGET', KEYS[2], 'last_id') ~= plan.prev_id then
-  redis.call('DEL', KEYS[10])
+  redis.call('DEL', KEYS[8])
   return 0
 end
 if plan.publish then
-  redis.call('RENAME', KEYS[10], KEYS[9])
-  redis.call('PERSIST', KEYS[9])
+  redis.call('RENAME', KEYS[8], KEYS[7])
+  redis.call('PERSIST', KEYS[7])
   redis.call('ZADD', KEYS[3], plan.version, plan.version)
 end
-local fixed = 11
+local fixed = 9
 for i = 1, plan.n_drop do
   redis.call('DEL', KEYS[fixed + i])
   redis.call('ZREM', KEYS[3], plan.drop[i])
@@ -90,15 +91,15 @@ local next_key = fixed + plan.n_drop + #plan.workers
 for i, w in ipairs(plan.checkpoint) do
   redis.call('RENAME', KEYS[next_key + 2 * i - 1], KEYS[next_key + 2 * i])
   redis.call('PERSIST', KEYS[next_key + 2 * i])
-  redis.call('HSET', KEYS[11], w, plan.version)
+  redis.call('HSET', KEYS[9], w, plan.version)
 end
 next_key = next_key + 2 * #plan.checkpoint
 for i, w in ipairs(plan.forget) do
   redis.call('DEL', KEYS[next_key + i])
-  redis.call('HDEL', KEYS[11], w)
+  redis.call('HDEL', KEYS[9], w)
 end
-if #plan.status > 0 then
-  redis.call('HSET', KEYS[8], unpack(plan.status))
+if #plan.final > 0 then
+  redis.call('HSET', KEYS[2], unpack(plan.final))
 end
 return 1
 """
@@ -122,6 +123,16 @@ redis.call('HINCRBY', KEYS[3], 'published', 1)
 redis.call('HINCRBY', KEYS[2], 'steps', 1)
 redis.call('HSET', KEYS[2], 'heartbeat_ms', ARGV[2])
 redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1])
+return 1
+"""
+
+#: KEYS: status.  ARGV: state, now_ms, error.  Gives a run that has not ended its final
+#: state (and error, if any); returns 1 if it did.
+CONCLUDE = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state == 'finished' or state == 'stopped' or state == 'failed' then return 0 end
+redis.call('HSET', KEYS[1], 'state', ARGV[1], 'ended_ms', ARGV[2])
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[3]) end
 return 1
 """
 

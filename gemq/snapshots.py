@@ -6,6 +6,21 @@ from collections.abc import Callable
 
 import numpy as np
 
+from gemq.config import RunConfig
+
+#: Snapshots kept at the least, whatever the budget: the newest and the one before it.
+MIN_KEPT = 2
+
+
+def kept_versions(config: RunConfig, shard_size: int) -> int:
+    """How many snapshots of a shard of ``shard_size`` elements are kept: as many as
+    ``max_staleness`` can use, within ``snapshot_budget_mb`` (and ``history``, if set).
+    A gradient computed on a version no longer kept is rejected (too_stale or
+    snapshot_gone): this number is the run's effective bound on staleness, in versions."""
+    by_budget = config.snapshot_budget_mb * 2**20 // max(4 * shard_size, 1)
+    kept = min(config.max_staleness + 1, max(MIN_KEPT, by_budget))
+    return min(kept, config.history) if config.history else kept
+
 
 class SnapshotHistory:
     """The last ``limit`` published parameter vectors, by version.

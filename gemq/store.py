@@ -1,29 +1,29 @@
-"""The Redis side of a run: every command gemq sends goes through RunStore.
+"""The Redis side of a run: every command gemq sends goes through RunStore (and, for the
+lease holder of a shard, through gemq.leadership.Leadership).
 
+A RunStore speaks for one shard of a run (gemq/shards.py; a run of one shard has only
+shard 0) and for the run-wide state in shard 0's slot: configuration, layout, status.
 Parameters are published as immutable snapshots ``params:<version>`` where the version is the
-number of updates applied so far; ``head`` names the newest. A reader can therefore never get
-a parameter vector with the wrong version: the version is part of the key.
+number of updates the shard applied so far; ``head`` names the newest. A reader can therefore
+never get a parameter vector with the wrong version: the version is part of the key.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-import msgpack
 import numpy as np
 import redis
-from redis.commands.core import Script
-from redis.exceptions import NoScriptError
 
 from gemq import scripts
 from gemq.config import RunConfig
-from gemq.errors import FencedError, PublishRefused, RunExists, RunNotFound
-from gemq.keys import AGGREGATOR_CONSUMER, AGGREGATOR_GROUP, RUNS_INDEX, RunKeys
+from gemq.errors import PublishRefused, RunExists, RunNotFound
+from gemq.keys import AGGREGATOR_GROUP, RUNS_INDEX, RunKeys
 from gemq.layout import ParamLayout
+from gemq.shards import ShardPlan
 
 
 class RunState(StrEnum):
@@ -37,16 +37,12 @@ class RunState(StrEnum):
 
 
 ENDED = frozenset({RunState.FINISHED, RunState.STOPPED, RunState.FAILED})
-Fields = dict[bytes, bytes]
 #: Metrics entries kept per run (approximately: trimming is lazy).
 METRICS_MAXLEN = 20_000
 #: The largest stream entry id: once a stream holds it, no XADD can succeed.
 LAST_POSSIBLE_ID = f"{2**64 - 1}-{2**64 - 1}"
 #: Workers a listing shows at most (the most recently heard from).
 WORKER_LISTING = 200
-#: A staged parameter vector whose commit script never ran (the leader died between its SET
-#: and the script, or was fenced) is deleted by Redis after this long.
-STAGING_TTL_MS = 60_000
 
 
 def now_ms() -> int:
@@ -58,96 +54,75 @@ class Head:
     version: int
     updates: int
     last_id: str
-
-
-@dataclass
-class CommitPlan:
-    """Everything one aggregator batch writes, in one atomic step."""
-
-    version: int
-    updates: int
-    #: The head's last applied id before this batch, and after it.
-    prev_id: str
-    last_id: str
-    ack: list[str]
-    publish: bool = True
-    drop: list[int] = field(default_factory=list)
-    metrics: dict[str, Any] = field(default_factory=dict)
-    counters: dict[str, int] = field(default_factory=dict)
-    #: worker id -> (fields to set, fields to increment)
-    workers: dict[str, tuple[dict[str, Any], dict[str, int]]] = field(default_factory=dict)
-    status: dict[str, Any] = field(default_factory=dict)
-    #: GEM moments checkpointed with this commit (by worker id), and checkpoints dropped.
-    checkpoint: dict[str, np.ndarray] = field(default_factory=dict)
-    forget: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class ReadRequest:
-    """How the aggregator's next read is made (see RunStore.fenced_read)."""
-
-    count: int
-    pending_after: str = "0"
-    block_ms: int = 0
-
-
-@dataclass(frozen=True)
-class BatchRead:
-    """What one fenced read returned."""
-
-    stop_requested: bool
-    #: The run was failed meanwhile (by a worker that cannot publish): stop leading.
-    failed: bool
-    #: (stream id, fields or None): unacknowledged entries first, then new ones.
-    entries: list[tuple[str, Fields | None]]
-    #: How many of the entries came from the pending list.
-    pending: int
+    #: The shard's own final state once its aggregator ended it (finished, stopped, failed).
+    state: str | None = None
 
 
 @dataclass(frozen=True)
 class StepView:
-    """What a worker needs to know before each step, read in one round trip."""
+    """What a worker needs to know of a shard before each step, read in one round trip
+    (``state``: the run's, read with shard 0's view only)."""
 
     version: int
     pending: int
-    state: str
+    state: str | None = None
 
 
 class RunStore:
-    """Typed access to one run's keys; the connection is passed in and owned by the caller."""
+    """Typed access to one shard of a run (and the run-wide keys); the connection is passed
+    in and owned by the caller."""
 
-    def __init__(self, client: redis.Redis, run_id: str) -> None:
+    def __init__(self, client: redis.Redis, run_id: str, shard: int = 0) -> None:
         self.client = client
         # redis-py types replies as unions that depend on decode_responses; this store always
         # works with bytes replies, so its internal calls go through an untyped alias.
         self._r: Any = client
-        self.keys = RunKeys(run_id)
-        self._renew = client.register_script(scripts.RENEW)
-        self._commit = client.register_script(scripts.COMMIT)
-        self._release = client.register_script(scripts.RELEASE)
+        self.keys = RunKeys(run_id, shard)
         self._fail = client.register_script(scripts.FAIL)
+        self._conclude = client.register_script(scripts.CONCLUDE)
 
     @property
     def run_id(self) -> str:
         return self.keys.run_id
 
+    @property
+    def shard(self) -> int:
+        return self.keys.shard
+
+    def of_shard(self, shard: int) -> RunStore:
+        """The same run's store for another shard, on the same connection."""
+        return self if shard == self.shard else RunStore(self.client, self.run_id, shard)
+
+    def shards(self) -> list[RunStore]:
+        """One store per shard of the run, shard 0 first."""
+        return [self.of_shard(k) for k in range(self.config().shards)]
+
+    def plan(self) -> ShardPlan:
+        return ShardPlan.of(self.layout(), self.config().shards)
+
     # --- creation and static run data ---------------------------------------------------
 
     def create(self, config: RunConfig, layout: ParamLayout, params: np.ndarray) -> None:
-        """Write a new run: config, layout, version-0 parameters, empty stream and group."""
-        k = self.keys
-        if self._r.exists(k.config):
+        """Write a new run: config, layout, each shard's version-0 parameters, empty stream
+        and group. Shards 1 and up are written first and the configuration last (with
+        shard 0, in its slot): a run is visible only once it is whole."""
+        if self._r.exists(self.keys.config):
             raise RunExists(f"run {self.run_id!r} already exists")
-        pipe = self._r.pipeline(transaction=True)
-        pipe.set(k.config, config.to_json())
-        pipe.set(k.layout, layout.to_json())
-        pipe.set(k.params(0), as_f32_bytes(params))
-        pipe.zadd(k.versions, {"0": 0})
-        pipe.hset(k.head, mapping={"version": 0, "updates": 0, "last_id": "0-0"})
-        pipe.hset(k.status, mapping={"state": RunState.CREATED, "created_ms": now_ms()})
-        pipe.xgroup_create(k.gradients, AGGREGATOR_GROUP, id="0", mkstream=True)
-        pipe.zadd(RUNS_INDEX, {self.run_id: now_ms()})
-        pipe.execute()
+        plan = ShardPlan.of(layout, config.shards)
+        for shard in reversed(plan.shards):
+            k = self.keys.of_shard(shard.index)
+            pipe = self._r.pipeline(transaction=True)  # one slot: the shard's
+            pipe.set(k.params(0), as_f32_bytes(params[shard.slice]))
+            pipe.zadd(k.versions, {"0": 0})
+            pipe.hset(k.head, mapping={"version": 0, "updates": 0, "last_id": "0-0"})
+            pipe.xgroup_create(k.gradients, AGGREGATOR_GROUP, id="0", mkstream=True)
+            if shard.index == 0:
+                pipe.set(k.config, config.to_json())
+                pipe.set(k.layout, layout.to_json())
+                pipe.hset(k.status, mapping={"state": RunState.CREATED,
+                                             "created_ms": now_ms()})
+            pipe.execute()
+        self._r.zadd(RUNS_INDEX, {self.run_id: now_ms()})
 
     def exists(self) -> bool:
         return bool(self._r.exists(self.keys.config))
@@ -167,11 +142,12 @@ class RunStore:
     # --- parameters -------------------------------------------------------------------
 
     def head(self) -> Head:
-        version, updates, last_id = self._r.hmget(
-            self.keys.head, ["version", "updates", "last_id"])
+        version, updates, last_id, state = self._r.hmget(
+            self.keys.head, ["version", "updates", "last_id", "state"])
         if version is None:
             raise RunNotFound(f"no run {self.run_id!r} in Redis")
-        return Head(int(version), int(updates), last_id.decode())
+        return Head(int(version), int(updates), last_id.decode(),
+                    state.decode() if state is not None else None)
 
     def snapshot(self, version: int) -> np.ndarray | None:
         """The parameters published at ``version``, or None once they were dropped."""
@@ -217,6 +193,25 @@ class RunStore:
         """Mark the run failed with ``error`` unless it has ended; True if this did it."""
         return bool(self._fail(keys=[self.keys.status], args=[error, now_ms()]))
 
+    def conclude(self) -> RunState | None:
+        """Give the run its final state once its shards have theirs (each shard's aggregator
+        sets its own, in its own slot): failed as soon as one shard failed, otherwise once
+        every shard ended, finished if all did. Idempotent; returns the run's state if it
+        has ended."""
+        heads = [s.head() for s in self.shards()]
+        failed = next((h for h in heads if h.state == RunState.FAILED), None)
+        if failed is None and not all(h.state in ENDED for h in heads):
+            return None
+        state = (RunState.FAILED if failed else RunState.FINISHED
+                 if all(h.state == RunState.FINISHED for h in heads) else RunState.STOPPED)
+        error = self.shard_error(heads.index(failed)) if failed else ""
+        self._conclude(keys=[self.keys.status], args=[state, now_ms(), error])
+        return self.state()
+
+    def shard_error(self, shard: int) -> str:
+        raw = self._r.hget(self.keys.of_shard(shard).head, "error")
+        return raw.decode() if raw is not None else ""
+
     def counters(self) -> dict[str, int]:
         raw = self._r.hgetall(self.keys.counters)
         return {k.decode(): int(v) for k, v in raw.items()}
@@ -225,8 +220,8 @@ class RunStore:
 
     def step_view(self) -> StepView:
         pipe = self._r.pipeline(transaction=False)
-        self._queue_view(pipe)
-        return self._view_of(pipe.execute())
+        self.queue_view(pipe)
+        return self.view_of(pipe.execute())
 
     def publish_gradient(self, worker_id: str, message: bytes) -> str:
         """XADD one gradient and count it, atomically (so published counts are exact)."""
@@ -240,33 +235,53 @@ class RunStore:
         """``publish_gradient``, then ``step_view`` for the worker's next step, in one
         round trip (a worker reads the view right after publishing anyway)."""
         pipe = self._r.pipeline(transaction=True)
+        self.queue_publish_and_view(pipe, worker_id, message)
+        return self.published_view(pipe.execute(raise_on_error=False))
+
+    def queue_publish_and_view(self, pipe: Any, worker_id: str, message: bytes) -> None:
+        """Queue ``publish_and_view`` on a caller's transaction pipeline (several shards'
+        in one, on one Redis)."""
         self._queue_publish(pipe, worker_id, message)
-        self._queue_view(pipe)
-        replies = pipe.execute(raise_on_error=False)
+        self.queue_view(pipe)
+
+    def published_view(self, replies: list[Any]) -> StepView:
+        """The view ``queue_publish_and_view`` brought back (its replies, in order)."""
         _check_published(replies)
-        return self._view_of(replies[-3:])
+        return self.view_of(replies[3:])
+
+    @property
+    def view_length(self) -> int:
+        """Replies ``queue_view`` adds to a pipeline (the run's state: shard 0's only)."""
+        return 3 if self.shard == 0 else 2
+
+    @property
+    def publish_length(self) -> int:
+        """Replies ``queue_publish_and_view`` adds to a pipeline."""
+        return 3 + self.view_length
 
     def _queue_publish(self, pipe: Any, worker_id: str, message: bytes) -> None:
         """Three commands (see scripts.MARK): the XADD is counted only if it took. The
         scripts go by their text (EVAL): inside a MULTI an unknown SHA would fail after the
-        XADD had run, leaving it uncounted."""
+        XADD had run, leaving it uncounted. They are sent by command name: a cluster
+        pipeline's ``eval`` method is something else."""
         k = self.keys
         worker = k.worker(worker_id)
-        pipe.eval(scripts.MARK, 2, k.gradients, worker)
+        pipe.execute_command("EVAL", scripts.MARK, 2, k.gradients, worker)
         pipe.xadd(k.gradients, {"w": worker_id, "m": message})
-        pipe.eval(scripts.COUNTED, 4, k.gradients, worker, k.counters, k.workers, worker_id,
-                  now_ms())
+        pipe.execute_command("EVAL", scripts.COUNTED, 4, k.gradients, worker, k.counters,
+                             k.workers, worker_id, now_ms())
 
-    def _queue_view(self, pipe: Any) -> None:
+    def queue_view(self, pipe: Any) -> None:
         pipe.hget(self.keys.head, "version")
         pipe.xlen(self.keys.gradients)
-        pipe.hget(self.keys.status, "state")
+        if self.shard == 0:  # the run's status lives in shard 0's slot
+            pipe.hget(self.keys.status, "state")
 
-    def _view_of(self, replies: list[Any]) -> StepView:
-        version, pending, state = replies
-        if version is None or state is None:
+    def view_of(self, replies: list[Any]) -> StepView:
+        version, pending, *state = replies
+        if version is None or (state and state[0] is None):
             raise RunNotFound(f"no run {self.run_id!r} in Redis")
-        return StepView(int(version), int(pending), state.decode())
+        return StepView(int(version), int(pending), state[0].decode() if state else None)
 
     def heartbeat(self, worker_id: str) -> None:
         now = now_ms()
@@ -295,37 +310,6 @@ class RunStore:
         scores = self._r.zmscore(self.keys.workers, worker_ids)
         return [score is not None for score in scores]
 
-    # --- the aggregator's side ----------------------------------------------------------
-
-    def acquire_lease(self, token: str, lease_ms: int) -> bool:
-        return bool(self._r.set(self.keys.lease, token, nx=True, px=lease_ms))
-
-    def release_lease(self, token: str) -> None:
-        self._release(keys=[self.keys.lease], args=[token])
-
-    def fenced_read(self, token: str, lease_ms: int, count: int, *,
-                    pending_after: str = "0", block_ms: int = 0) -> BatchRead:
-        """Renew the lease and read a batch, in one round trip.
-
-        Entries delivered earlier but never acknowledged (a previous leader's batch, one
-        whose reply was lost) with ids above ``pending_after`` come before new ones. With
-        ``block_ms``, Redis holds the reply up to that long while no new entry exists, so an
-        idle leader waits without another round trip. Fields are None for an entry deleted
-        while pending.
-        """
-        request = ReadRequest(count, pending_after, block_ms)
-        # A read whose script Redis lacked still moved entries into the pending list; the
-        # second attempt reads them from there.
-        replies = self._with_scripts(lambda pipe: self._queue_read(pipe, token, lease_ms,
-                                                                   request))
-        return self._read_result(replies, count)
-
-    def commit(self, token: str, lease_ms: int, plan: CommitPlan, params: np.ndarray) -> bool:
-        """Apply ``plan`` atomically; False if the head had already moved past prev_id."""
-        replies = self._with_scripts(lambda pipe: self._queue_commit(pipe, token, lease_ms,
-                                                                     plan, params))
-        return self._commit_result(replies[-1])
-
     def checkpointed_moments(self) -> tuple[int, dict[str, np.ndarray]]:
         """The GEM moments of the last checkpoint, by worker id, and its version (-1: none)."""
         index = {w.decode(): int(v) for w, v in self._r.hgetall(self.keys.moments).items()}
@@ -334,111 +318,6 @@ class RunStore:
         moments = {w: np.frombuffer(v, "<f4") for w, v in zip(ids, values, strict=True)
                    if v is not None}
         return max(index.values(), default=-1), moments
-
-    def commit_then_read(self, token: str, lease_ms: int, plan: CommitPlan,
-                         params: np.ndarray, request: ReadRequest) -> tuple[bool, BatchRead]:
-        """``commit``, then ``fenced_read``, in one round trip.
-
-        The read runs whatever the commit's outcome; if the commit was fenced, what the read
-        took stays in the pending list for the real leader.
-        """
-        def both(pipe: Any) -> None:
-            self._queue_commit(pipe, token, lease_ms, plan, params)
-            self._queue_read(pipe, token, lease_ms, request)
-
-        replies = self._with_scripts(both)
-        committed = self._commit_result(replies[-4])
-        return committed, self._read_result(replies[-3:], request.count)
-
-    def _with_scripts(self, build: Callable[[Any], None]) -> list[Any]:
-        """Run a pipeline that calls scripts by SHA; load them if Redis lacks them.
-
-        redis-py's own scripts in a pipeline cost an extra round trip (SCRIPT EXISTS) per
-        execution; here the scripts are loaded once, and again only after Redis says
-        NOSCRIPT (it restarted, or its script cache was flushed). Every reply comes back,
-        errors included, for the caller to judge.
-        """
-        for attempt in range(2):
-            pipe = self._r.pipeline(transaction=False)
-            build(pipe)
-            replies: list[Any] = pipe.execute(raise_on_error=False)
-            if attempt == 0 and any(isinstance(r, NoScriptError) for r in replies):
-                for script in (self._renew, self._commit):
-                    self._r.script_load(script.script)
-                continue
-            break
-        return replies
-
-    def _queue_read(self, pipe: Any, token: str, lease_ms: int, request: ReadRequest) -> None:
-        k = self.keys
-        _call_script(pipe, self._renew, [k.lease, k.status], [token, lease_ms])
-        pipe.xreadgroup(AGGREGATOR_GROUP, AGGREGATOR_CONSUMER,
-                        {k.gradients: request.pending_after}, count=request.count)
-        pipe.xreadgroup(AGGREGATOR_GROUP, AGGREGATOR_CONSUMER, {k.gradients: ">"},
-                        count=request.count, block=request.block_ms or None)
-
-    def _read_result(self, replies: list[Any], count: int) -> BatchRead:
-        status, pending, new = replies
-        for reply in (status, pending, new):
-            if isinstance(reply, redis.ResponseError) and str(reply).startswith("NOGROUP"):
-                raise RunNotFound(f"run {self.run_id!r}: its gradient stream is gone")
-            if isinstance(reply, Exception):
-                raise _fenced_or(reply) if isinstance(reply, redis.ResponseError) else reply
-        stop, failed = status[0] is not None, status[1] == RunState.FAILED.encode()
-        pending_entries = _entries(pending)
-        if len(pending_entries) >= count:
-            # More may be pending than one read returns. The new entries are in the pending
-            # list now, after those: taken here, they would move the commit's trim past
-            # pending entries not applied yet. They come back through the pending reads.
-            return BatchRead(stop, failed, pending_entries, len(pending_entries))
-        return BatchRead(stop, failed, pending_entries + _entries(new), len(pending_entries))
-
-    def _queue_commit(self, pipe: Any, token: str, lease_ms: int, plan: CommitPlan,
-                      params: np.ndarray) -> None:
-        """Two commands: SET of the staging key (or a no-op), then the commit script.
-
-        The parameters travel in a plain SET of a staging key, which the script renames
-        into place or deletes: passed to the script as an argument, Redis would copy them
-        into a Lua string, hashing every byte (Redis' Lua interns strings with a full hash),
-        and out again. No MULTI is needed around the
-        two: the script is the atomic step, and a staging key whose script never ran
-        expires by itself.
-        """
-        k = self.keys
-        worker_ids = list(plan.workers)
-        staging = k.staging(token)
-        keys = [k.lease, k.head, k.versions, k.gradients, k.metrics, k.counters, k.workers,
-                k.status, k.params(plan.version), staging, k.moments]
-        keys += [k.params(v) for v in plan.drop] + [k.worker(w) for w in worker_ids]
-        for worker_id, moment in plan.checkpoint.items():
-            keys += [k.staged_moment(token, worker_id), k.moment(worker_id)]
-            pipe.set(k.staged_moment(token, worker_id), f32_view(moment), px=STAGING_TTL_MS)
-        keys += [k.moment(w) for w in plan.forget]
-        encoded = msgpack.packb({
-            "version": str(plan.version), "updates": str(plan.updates),
-            "prev_id": plan.prev_id, "last_id": plan.last_id, "group": AGGREGATOR_GROUP,
-            "ack": plan.ack,
-            "publish": plan.publish, "n_drop": len(plan.drop),
-            "drop": [str(v) for v in plan.drop],
-            "metrics": _flatten(plan.metrics), "metrics_maxlen": str(METRICS_MAXLEN),
-            "counters": plan.counters, "status": _flatten(plan.status),
-            "workers": [{"id": w, "set": _flatten(plan.workers[w][0]),
-                         "incr": plan.workers[w][1]} for w in worker_ids],
-            "checkpoint": list(plan.checkpoint), "forget": plan.forget,
-        })
-        if plan.publish:
-            pipe.set(staging, f32_view(params), px=STAGING_TTL_MS)
-        else:
-            pipe.exists(staging)  # keeps the reply count fixed: the script's is second
-        _call_script(pipe, self._commit, keys, [token, lease_ms, encoded])
-
-    @staticmethod
-    def _commit_result(reply: Any) -> bool:
-        if isinstance(reply, redis.ResponseError):
-            raise _fenced_or(reply)
-        if isinstance(reply, Exception):
-            raise reply
-        return bool(reply)
 
     def unconsumed(self, limit: int = 100_000) -> int:
         """Entries in the stream no commit has acknowledged: pending (read, not yet
@@ -483,22 +362,6 @@ def f32_view(params: np.ndarray) -> memoryview:
     return memoryview(array).cast("B")  # type: ignore[arg-type]
 
 
-def _call_script(pipe: Any, script: Script, keys: list[str], args: list[Any]) -> None:
-    pipe.evalsha(script.sha, len(keys), *keys, *args)
-
-
-def _flatten(mapping: dict[str, Any]) -> list[str]:
-    return [str(x) for pair in mapping.items() for x in pair]
-
-
-def _entries(reply: Any) -> list[tuple[str, Fields | None]]:
-    """The entries of an XREADGROUP reply over one stream."""
-    if not reply:
-        return []
-    (_stream, rows), = reply
-    return [(entry_id.decode(), fields or None) for entry_id, fields in rows]
-
-
 def _check_published(replies: list[Any]) -> None:
     """Raise what kept a publication's MULTI (MARK, XADD, COUNTED) from adding its entry."""
     for reply in replies[:3]:
@@ -508,7 +371,3 @@ def _check_published(replies: list[Any]) -> None:
             raise reply
     if replies[2] != 1:
         raise PublishRefused("Redis did not add the gradient to the stream")
-
-
-def _fenced_or(error: Exception) -> Exception:
-    return FencedError(str(error)) if str(error).startswith("FENCED") else error

@@ -47,16 +47,19 @@ class CommitWindow:
         incr["staleness_sum"] = incr.get("staleness_sum", 0) + stats.staleness
 
     def metrics(self, updates: int, active_workers: int,
-                pi_tensors: list[float] | None) -> dict[str, object]:
+                pi_tensors: list[float | None] | None) -> dict[str, object]:
         means = self.tally.means()
         row: dict[str, object] = {
             "t_ms": now_ms(), "updates": updates, "applied": self.applied,
             "rejected": sum(v for k, v in self.counters.items() if k.startswith("rejected:")),
             "loss": f"{means['loss']:.6g}", "energy_ratio": f"{means['energy_ratio']:.6g}",
             "median_pi": f"{means['median_pi']:.6g}",
+            # The window's sums, so that a sharded run's ratio is summed over its shards.
+            "e_central": f"{self.tally.e_central:.6g}", "e_proxy": f"{self.tally.e_proxy:.6g}",
             "staleness_mean": f"{means['staleness_mean']:.4g}",
             "staleness_max": self.tally.staleness_max, "active_workers": active_workers,
         }
         if pi_tensors is not None:
-            row["pi_tensors"] = json.dumps([round(p, 5) for p in pi_tensors])
+            row["pi_tensors"] = json.dumps([None if p is None else round(p, 5)
+                                            for p in pi_tensors])
         return row

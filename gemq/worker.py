@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import redis
 import torch
 from torch import nn
@@ -25,7 +26,9 @@ from gemq.flatmodel import FlatModel
 from gemq.losses import load_loss
 from gemq.models import build_model, layout_of
 from gemq.process import die_with_parent, graceful_shutdown, keep_freed_memory, setup_logging
+from gemq.shardset import RunShards
 from gemq.store import ENDED, RunState, RunStore, StepView
+from gemq.threads import run_together
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +61,17 @@ class Worker:
         self.options = options or WorkerOptions()
         self.device = resolve_device(self.options.device)
         self.layout_id = store.layout().layout_id
+        self.shards = RunShards(store)
         self.net = FlatModel(self._build_model(data), self.device, load_loss(config.loss),
                              config.loss, config.amp)
         self.batches = minibatches(data.train, config.batch_size,
                                    worker_seed(config.seed, worker_id))
         self.steps = 0
-        self.version = -1  # of the parameters loaded in the model
-        self._next_view: StepView | None = None
+        #: Each shard's version of the parameters loaded in the model (-1: none yet).
+        self.versions = [-1] * self.shards.count
+        #: The whole state the model was loaded from, assembled from the shards' slices.
+        self._state = np.zeros(self.shards.plan.size, dtype=np.float32)
+        self._next_views: list[StepView] | None = None
         self._last_heartbeat = 0.0
 
     def _build_model(self, data: DataSplit) -> nn.Module:
@@ -84,21 +91,24 @@ class Worker:
         """
         outage = Backoff(f"worker {self.worker_id}")
         refusals = Refusals(self.worker_id, self.config.stall_timeout_s)
-        while not shutdown.is_set():
-            try:
-                if not self._step(shutdown):
-                    break
-            except TRANSIENT_ERRORS as e:
-                outage.wait(shutdown, e)
-                continue
-            except (PublishRefused, redis.ResponseError) as e:
-                if refusals.persisted(e):
-                    self._fail_run(e)
-                    break
-                refusals.wait(shutdown)
-                continue
-            outage.reset()
-            refusals.reset()
+        try:
+            while not shutdown.is_set():
+                try:
+                    if not self._step(shutdown):
+                        break
+                except TRANSIENT_ERRORS as e:
+                    outage.wait(shutdown, e)
+                    continue
+                except (PublishRefused, redis.ResponseError) as e:
+                    if refusals.persisted(e):
+                        self._fail_run(e)
+                        break
+                    refusals.wait(shutdown)
+                    continue
+                outage.reset()
+                refusals.reset()
+        finally:
+            self.shards.close()
         return self.steps
 
     def _fail_run(self, error: Exception) -> None:
@@ -107,34 +117,57 @@ class Worker:
         if self.store.fail(message):
             log.error("run %s failed: %s", self.config.run_id, message)
 
+    @property
+    def version(self) -> int:
+        """The version of the parameters loaded (shard 0's, for a sharded run)."""
+        return self.versions[0]
+
     def _step(self, shutdown: threading.Event) -> bool:
         """One gradient (or one wait); False once the run has ended."""
-        view, self._next_view = self._next_view or self.store.step_view(), None
-        if view.state in ENDED:
+        views, self._next_views = self._next_views or self.shards.views(), None
+        state = views[0].state  # the run's
+        if state in ENDED:
             return False
-        if view.state == RunState.CREATED or view.pending >= self.config.max_pending:
-            # No aggregator yet (gradients would only go stale), or backpressure.
+        if state == RunState.CREATED or any(v.pending >= self.config.max_pending
+                                            for v in views):
+            # No aggregator yet (gradients would only go stale), or backpressure on a shard.
             self._wait(shutdown)
             return True
-        if view.version != self.version:
-            self.version, params = self.store.latest(view.version)  # one GET, not three
-            self.net.load(params)
+        self._load_newer({k: v.version for k, v in enumerate(views)
+                          if v.version != self.versions[k]})
         loss, gradient = self.net.gradient(*next(self.batches))
-        message = codec.encode(
-            run_id=self.config.run_id, worker_id=self.worker_id, param_version=self.version,
-            samples=self.config.batch_size, loss=loss, layout_id=self.layout_id,
-            gradient=gradient, dtype=self.config.wire_dtype)
-        # Also a heartbeat; and it brings back the view the next step starts from.
-        self._next_view = self.store.publish_and_view(self.worker_id, message)
+        messages = [codec.encode(
+            run_id=self.config.run_id, worker_id=self.worker_id,
+            param_version=self.versions[shard.index], samples=self.config.batch_size,
+            loss=loss, layout_id=self.shards.plan.layout_id_of(shard.index),
+            gradient=gradient[shard.slice], dtype=self.config.wire_dtype)
+            for shard in self.shards.plan.shards]
+        # Also a heartbeat; and it brings back the views the next step starts from.
+        self._next_views = self.shards.publish(self.worker_id, messages)
         self._last_heartbeat = time.monotonic()
         self.steps += 1
         return True
 
+    def _load_newer(self, versions: dict[int, int]) -> None:
+        """Load the shards whose version moved (one round trip for all of them)."""
+        if not versions:
+            return
+        found = self.shards.snapshots(versions)
+        if self.shards.count == 1:
+            (self.versions[0], params), = found.values()
+            self.net.load(params)
+            return
+        for k, (version, params) in found.items():
+            self.versions[k] = version
+            self._state[self.shards.plan.shards[k].slice] = params
+        self.net.load(self._state)
+
     def _wait(self, shutdown: threading.Event) -> None:
         if time.monotonic() - self._last_heartbeat > self.options.heartbeat_s:
-            self.store.heartbeat(self.worker_id)
+            self.shards.heartbeat(self.worker_id)
             self._last_heartbeat = time.monotonic()
         shutdown.wait(self.options.backpressure_poll_s)
+
 
 
 class Refusals:
@@ -173,26 +206,8 @@ def run_workers(store: RunStore, worker_ids: list[str], options: WorkerOptions,
     config = store.config()
     data = load_dataset(config.dataset)
     workers = [Worker(store, worker_id, config, data, options) for worker_id in worker_ids]
-    if len(workers) == 1:
-        return {worker_ids[0]: workers[0].run(shutdown)}
-    steps: dict[str, int] = {}
-    errors: list[BaseException] = []
-
-    def work(worker: Worker) -> None:
-        try:
-            steps[worker.worker_id] = worker.run(shutdown)
-        except BaseException as e:  # stop the siblings, then re-raise in the caller
-            errors.append(e)
-            shutdown.set()
-
-    threads = [threading.Thread(target=work, args=(w,), name=w.worker_id) for w in workers]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return steps
+    steps = run_together([(w.worker_id, w.run) for w in workers], shutdown)
+    return dict(zip(worker_ids, steps, strict=True))
 
 
 def worker_main(url: str, run_id: str, worker_ids: list[str], device: str,

@@ -55,54 +55,58 @@ WITHOUT_COMMIT = ("leaving without a final commit; a run led here is taken over 
                   "aggregator once its lease expires")
 
 
-def orphaned_runs(client: redis.Redis) -> list[str]:
-    """Runs in state ``running`` that no aggregator holds the lease of."""
+def orphaned_shards(client: redis.Redis) -> list[tuple[str, int]]:
+    """(run, shard) of the running runs' shards that no aggregator holds the lease of and
+    that have not ended."""
     orphans = []
     for run_id in run_ids(client, 100):
         store = RunStore(client, run_id)
         with contextlib.suppress(RunNotFound):
-            if store.state() == RunState.RUNNING and not client.exists(store.keys.lease):
-                orphans.append(run_id)
+            if store.state() != RunState.RUNNING:
+                continue
+            for shard in store.shards():
+                if not client.exists(shard.keys.lease) and shard.head().state is None:
+                    orphans.append((run_id, shard.shard))
     return orphans
 
 
 def watch_orphans(settings: AggregatorServiceSettings, shutdown: threading.Event) -> None:
-    """Lead every orphaned run, one thread each, until ``shutdown``; then let each finish
+    """Lead every orphaned shard, one thread each, until ``shutdown``; then let each finish
     its batch and release its lease."""
     client = connect(settings.redis_url, wait_s=float("inf"))
-    leading: dict[str, threading.Thread] = {}
+    leading: dict[tuple[str, int], threading.Thread] = {}
     outage = Backoff("aggregator service standby")
     try:
         while not shutdown.wait(settings.lease_ms / 1000):
             try:
-                orphans = orphaned_runs(client)
+                orphans = orphaned_shards(client)
             except TRANSIENT_ERRORS as e:
                 if not shutdown.is_set():  # nothing more to say once asked to leave
                     outage.wait(shutdown, e)
                 continue
             outage.reset()
-            for run_id in orphans:
-                if run_id not in leading or not leading[run_id].is_alive():
-                    log.warning("run %s is running without an aggregator; taking it over",
-                                run_id)
-                    leading[run_id] = threading.Thread(
-                        target=_lead_orphan, args=(client, run_id, settings, shutdown),
-                        name=f"standby-{run_id}", daemon=True)
-                    leading[run_id].start()
+            for run_id, shard in orphans:
+                if (run_id, shard) not in leading or not leading[run_id, shard].is_alive():
+                    log.warning("run %s shard %d is running without an aggregator; taking "
+                                "it over", run_id, shard)
+                    leading[run_id, shard] = threading.Thread(
+                        target=_lead_orphan, args=(client, run_id, shard, settings, shutdown),
+                        name=f"standby-{run_id}-{shard}", daemon=True)
+                    leading[run_id, shard].start()
         for thread in leading.values():
             thread.join()
     finally:
         client.close()
 
 
-def _lead_orphan(client: redis.Redis, run_id: str, settings: AggregatorServiceSettings,
-                 shutdown: threading.Event) -> None:
+def _lead_orphan(client: redis.Redis, run_id: str, shard: int,
+                 settings: AggregatorServiceSettings, shutdown: threading.Event) -> None:
     try:
-        final = Aggregator(RunStore(client, run_id),
+        final = Aggregator(RunStore(client, run_id, shard),
                            AggregatorOptions(lease_ms=settings.lease_ms)).run(shutdown)
-        log.info("run %s: %s", run_id, final)
+        log.info("run %s shard %d: %s", run_id, shard, final)
     except GemqError as e:
-        log.error("run %s: %s", run_id, e)
+        log.error("run %s shard %d: %s", run_id, shard, e)
 
 
 class AggregatorWorker(Worker):

@@ -1,4 +1,4 @@
-"""The rq job layer: a run's aggregation is one job on the aggregator queue.
+"""The rq job layer: a run's aggregation is one job per shard on the aggregator queue.
 
 Jobs are serialised as JSON (no pickle). The job function imports numpy only, so the
 aggregator service needs no torch. It runs in an rq work horse; the service forwards its
@@ -17,7 +17,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from gemq.aggregator import Aggregator, AggregatorOptions
-from gemq.store import RunState, RunStore, now_ms
+from gemq.store import RunState, RunStore
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +37,20 @@ def queue(client: redis.Redis, name: str) -> Queue:
 
 def enqueue_aggregation(client: redis.Redis, queue_name: str, run_id: str,
                         lease_ms: int = 5000) -> str:
-    """Enqueue the run's aggregation; record the job id in the run's status."""
-    job = queue(client, queue_name).enqueue(
-        aggregate, run_id, lease_ms, job_id=f"gemq-aggregate-{run_id}", job_timeout=-1,
-        result_ttl=7 * 24 * 3600, failure_ttl=7 * 24 * 3600,
-        description=f"aggregate run {run_id}")
-    RunStore(client, run_id).set_status(job_id=job.id)
-    return str(job.id)
+    """Enqueue the run's aggregation, one job per shard; record shard 0's job id in the
+    run's status (the job the API reports) and return it."""
+    store = RunStore(client, run_id)
+    rq_queue = queue(client, queue_name)
+    job_ids = []
+    for shard in range(store.config().shards):
+        name = run_id if shard == 0 else f"{run_id}-shard-{shard}"
+        job = rq_queue.enqueue(
+            aggregate, run_id, lease_ms, shard, job_id=f"gemq-aggregate-{name}",
+            job_timeout=-1, result_ttl=7 * 24 * 3600, failure_ttl=7 * 24 * 3600,
+            description=f"aggregate run {run_id}" + (f" shard {shard}" if shard else ""))
+        job_ids.append(str(job.id))
+    store.set_status(job_id=job_ids[0], job_ids=",".join(job_ids))
+    return job_ids[0]
 
 
 def job_state(client: redis.Redis, job_id: str | None) -> dict[str, str | None]:
@@ -63,16 +70,17 @@ def job_state(client: redis.Redis, job_id: str | None) -> dict[str, str | None]:
             "error": error[0] if error else None}
 
 
-def aggregate(run_id: str, lease_ms: int = 5000) -> str:
-    """The job: lead the run's aggregation until its budget is spent or it is stopped."""
+def aggregate(run_id: str, lease_ms: int = 5000, shard: int = 0) -> str:
+    """The job: lead one shard's aggregation until its budget is spent, the run is stopped
+    or fails."""
     job = get_current_job()
     assert job is not None, "aggregate() runs inside an rq job"
-    store = RunStore(job.connection, run_id)
+    store = RunStore(job.connection, run_id, shard)
     leave_on_sigterm()  # installed by the service's worker already; here for any other rq worker
     try:
         final = Aggregator(store, AggregatorOptions(lease_ms=lease_ms)).run(leave)
     except Exception as e:
-        store.set_status(state=RunState.FAILED, error=f"{type(e).__name__}: {e}", ended_ms=now_ms())
+        store.fail(f"{type(e).__name__}: {e}")
         raise
     if final == "shutdown" and store.state() == RunState.CREATED:
         # Asked to leave before it ever led: only a running run without a lease is taken

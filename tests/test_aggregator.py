@@ -16,6 +16,7 @@ from gemq import codec
 from gemq.aggregator import Aggregator, AggregatorOptions, Leader
 from gemq.embedded import EmbeddedRedis
 from gemq.errors import FencedError
+from gemq.leadership import Leadership
 from gemq.store import RunState, RunStore
 from tests.helpers import SMALL_LAYOUT, GemqProcess, gradient_message, small_run, wait_for
 
@@ -72,10 +73,10 @@ def test_rejected_messages_never_touch_parameters(redis_client: redis.Redis) -> 
         store, "w3", good)[:-4] + np.float32(np.inf).tobytes()})  # last value patched: +Inf
     before = params(store).copy()
     leader = Leader(store, store.config(), store.layout())
-    assert store.acquire_lease("t", 1000)
-    raw = store.fenced_read("t", 1000, 100).entries
+    assert Leadership(store, "t", 1000).acquire()
+    raw = Leadership(store, "t", 1000).read(100).entries
     plan = leader.process([(i, f.get(b"m"), f.get(b"w", b"").decode()) for i, f in raw])
-    store.commit("t", 1000, plan, leader.theta)
+    Leadership(store, "t", 1000).commit(plan, leader.theta)
     np.testing.assert_array_equal(params(store), before)
     assert store.counters() == {
         "published": 5, "rejected:malformed": 1, "rejected:wrong_run": 1,
@@ -104,19 +105,19 @@ def test_too_stale_gradient_is_rejected(redis_client: redis.Redis) -> None:
 
 def test_a_paused_leader_is_fenced(redis_client: redis.Redis) -> None:
     store = small_run(redis_client)
-    assert store.acquire_lease("old", 200)
+    assert Leadership(store, "old", 200).acquire()
     leader = Leader(store, store.config(), store.layout())
     store.publish_gradient("w1", gradient_message(store, "w1",
                                                   np.ones(SMALL_LAYOUT.size, np.float32)))
-    raw = store.fenced_read("old", 200, 10).entries
+    raw = Leadership(store, "old", 200).read(10).entries
     plan = leader.process([(i, f[b"m"], "w1") for i, f in raw])
     wait_for(lambda: not redis_client.exists(store.keys.lease), what="lease expiry")
-    assert store.acquire_lease("new", 5000)
+    assert Leadership(store, "new", 5000).acquire()
     with pytest.raises(FencedError):
-        store.commit("old", 200, plan, leader.theta)
+        Leadership(store, "old", 200).commit(plan, leader.theta)
     assert not redis_client.exists(store.keys.staging("old"))  # its staged params are gone
     with pytest.raises(FencedError):
-        store.fenced_read("old", 200, 10)
+        Leadership(store, "old", 200).read(10)
     assert store.head().version == 0
     # The new leader inherits the unacknowledged batch and applies it once.
     thread, shutdown, _ = run_in_thread(store, AggregatorOptions(lease_ms=5000,
@@ -308,17 +309,17 @@ def test_entries_a_deposed_leader_moved_to_pending_are_not_trimmed(
     ids = [entry_id.decode() for entry_id, _ in redis_client.xrange(store.keys.gradients)]
     redis_client.xreadgroup("aggregators", "leader", {store.keys.gradients: ">"}, count=2)
     leader = Leader(store, store.config(), store.layout())
-    assert store.acquire_lease("t", 5000)
+    assert Leadership(store, "t", 5000).acquire()
     later = redis_client.xreadgroup("aggregators", "leader", {store.keys.gradients: ">"})
     (_, rows), = later
     assert [i.decode() for i, _ in rows] == ids[2:]
-    store.commit("t", 5000, leader.process(
+    Leadership(store, "t", 5000).commit(leader.process(
         [(i.decode(), f[b"m"], f[b"w"].decode()) for i, f in rows]), leader.theta)
     assert redis_client.xlen(store.keys.gradients) == 4  # E1, E2 kept (and E3, E4's last)
-    again = store.fenced_read("t", 5000, 10).entries
+    again = Leadership(store, "t", 5000).read(10).entries
     assert [i for i, _ in again] == ids[:2] and all(f is not None for _, f in again)
     plan = leader.process([(i, f[b"m"], f[b"w"].decode()) for i, f in again])  # type: ignore[index]
-    assert store.commit("t", 5000, plan, leader.theta)
+    assert Leadership(store, "t", 5000).commit(plan, leader.theta)
     assert store.head().last_id == ids[-1]  # the newest applied id, not E2
     assert store.counters() == {"published": 4, "applied": 4}
     np.testing.assert_allclose(params(store), -0.5 * grads.sum(axis=0), rtol=1e-5, atol=1e-5)

@@ -162,7 +162,7 @@ def test_decoder_reasons_are_the_documented_ones() -> None:
     assert set(codec.REASONS) == {
         "malformed", "too_large", "bad_format", "bad_header", "wrong_run", "wrong_layout",
         "wrong_dtype", "wrong_length", "non_finite", "out_of_range", "too_stale",
-        "future_version", "bad_sender", "unknown_sender"}
+        "future_version", "bad_sender", "unknown_sender", "snapshot_gone"}
 
 
 @pytest.mark.parametrize("message", ["not bytes", None, 12, [1, 2], np.zeros(4, np.uint8)],

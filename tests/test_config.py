@@ -23,11 +23,12 @@ DEFAULTS = {
     "run_id": "r1", "algo": "gem", "lr": 0.05, "momentum": 0.9, "kappa": 1.0,
     "pi_max": 5.0, "eps": 1e-12, "proxy": "local", "batch_size": 64,
     "budget_updates": 1000, "model": "cnn", "dataset": "mnist5k", "seed": 0,
-    "max_staleness": 512, "history": 64, "max_pending": 64, "read_batch": 32,
+    "max_staleness": 512, "snapshot_budget_mb": 64, "history": 0, "max_pending": 64,
+    "read_batch": 32,
     "worker_timeout_s": 60.0, "max_message_bytes": 0, "wire_dtype": "float32",
     "publish_every": 1, "publish_interval_ms": 0, "max_rejected_in_a_row": 1000,
     "stall_timeout_s": 120.0, "loss": "cross_entropy", "amp": "off",
-    "checkpoint_overhead": 0.05,
+    "checkpoint_overhead": 0.05, "shards": 1,
 }
 
 
@@ -91,7 +92,7 @@ def test_replace_validates() -> None:
     ({"seed": -1}, "seed"),
     ({"seed": 2**32}, "seed"),
     ({"max_staleness": -1}, "max_staleness"),
-    ({"history": 0}, "history"),
+    ({"history": -1}, "history"),
     ({"max_pending": 0}, "max_pending"),
     ({"read_batch": 0}, "read_batch"),
     ({"worker_timeout_s": 0.0}, "worker_timeout_s"),
@@ -189,7 +190,7 @@ def _all_keys(keys: RunKeys) -> dict[str, str]:
     """Every key name RunKeys can produce, found by introspection so new kinds are covered."""
     found: dict[str, str] = {}
     for name, member in inspect.getmembers(RunKeys):
-        if name.startswith("_") or name == "prefix":
+        if name.startswith("_") or name in ("prefix", "tag", "of_shard"):
             continue
         if isinstance(member, property):
             found[name] = getattr(keys, name)
@@ -221,6 +222,22 @@ def test_every_key_of_a_run_carries_the_hash_tag() -> None:
         "moment": "gemq:{exp-1}:moment:w-1",
         "staged_moment": "gemq:{exp-1}:staging:host:1:ab:moment:w-1",
     }
+
+
+RUN_WIDE = {"config", "layout", "status"}
+
+
+def test_each_shard_has_its_own_slot_and_the_run_wide_keys_stay_in_shard_0s() -> None:
+    shard0, shard2 = _all_keys(RunKeys("exp-1")), _all_keys(RunKeys("exp-1", 2))
+    assert RunKeys("exp-1", 2).prefix == "gemq:{exp-1/2}:"
+    for name, key in shard2.items():
+        if name in RUN_WIDE:
+            assert key == shard0[name]
+        else:
+            assert key == shard0[name].replace("{exp-1}", "{exp-1/2}")
+            assert key_slot(key.encode()) == key_slot(b"exp-1/2")
+    slots = {key_slot(RunKeys("exp-1", k).head.encode()) for k in range(16)}
+    assert len(slots) == 16  # shards spread over a cluster's slots (and so its masters)
 
 
 def test_keys_of_a_run_share_one_cluster_slot_and_runs_do_not_collide() -> None:

@@ -364,3 +364,15 @@ def test_the_aggregator_requirements_match_pyproject() -> None:
         same = declared.get(_canonical(requirement.name))
         assert same is not None, f"{requirement.name} is not a gemq dependency"
         assert (same.specifier, same.extras) == (requirement.specifier, requirement.extras)
+
+
+def test_the_shipped_redis_accepts_the_largest_shard() -> None:
+    """A shard's snapshot and gradient message are its largest values: Redis must take them
+    (and refuse anything much bigger)."""
+    from gemq.shards import MAX_SHARD_BYTES
+
+    conf = (ROOT / "k8s/base/config/redis.conf").read_text()
+    value = re.search(r"^proto-max-bulk-len (\d+)mb$", conf, re.MULTILINE)
+    assert value is not None
+    limit = int(value.group(1)) * 1024 * 1024
+    assert MAX_SHARD_BYTES + 64 * 1024 <= limit <= 2 * MAX_SHARD_BYTES

@@ -26,6 +26,7 @@ from gemq.errors import SpecError
 from gemq.evaluate import evaluate
 from gemq.flatmodel import FlatModel, flat_state, load_flat, state_dict_of
 from gemq.layout import BUFFER, PARAM, ParamLayout
+from gemq.leadership import Leadership
 from gemq.losses import load_loss
 from gemq.models import build_model, layout_of
 from gemq.rules import GLOBAL_MOMENT, make_rule
@@ -206,11 +207,11 @@ def test_a_new_leader_restores_the_checkpointed_moments(redis_client: redis.Redi
         store.publish_gradient(worker, gradient_message(
             store, worker, rng.standard_normal(36).astype(np.float32)))
     leader = Leader(store, store.config(), store.layout())
-    assert store.acquire_lease("t", 5000)
-    entries = store.fenced_read("t", 5000, 10).entries
+    assert Leadership(store, "t", 5000).acquire()
+    entries = Leadership(store, "t", 5000).read(10).entries
     plan = leader.process([(i, f[b"m"], f[b"w"].decode()) for i, f in entries])  # type: ignore[index]
     assert set(plan.checkpoint) == ({"w1", "w2"} if proxy == "local" else {GLOBAL_MOMENT})
-    assert store.commit("t", 5000, plan, leader.theta)
+    assert Leadership(store, "t", 5000).commit(plan, leader.theta)
     version, saved = store.checkpointed_moments()
     assert version == 2
     successor = Leader(store, store.config(), store.layout())
@@ -222,14 +223,14 @@ def test_a_new_leader_restores_the_checkpointed_moments(redis_client: redis.Redi
 def test_moments_of_forgotten_workers_leave_the_checkpoint(redis_client: redis.Redis) -> None:
     store = small_run(redis_client, checkpoint_overhead=1.0, worker_timeout_s=0.2)
     leader = Leader(store, store.config(), store.layout())
-    assert store.acquire_lease("t", 5000)
+    assert Leadership(store, "t", 5000).acquire()
 
     def window(worker: str) -> None:
         store.publish_gradient(worker, gradient_message(
             store, worker, np.ones(36, np.float32), version=leader.version))
-        entries = store.fenced_read("t", 5000, 10).entries
+        entries = Leadership(store, "t", 5000).read(10).entries
         plan = leader.process([(i, f[b"m"], f[b"w"].decode()) for i, f in entries])  # type: ignore[index]
-        assert store.commit("t", 5000, plan, leader.theta)
+        assert Leadership(store, "t", 5000).commit(plan, leader.theta)
         leader.checkpoints.done(0.0)
 
     window("quiet")

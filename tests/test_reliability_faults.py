@@ -22,6 +22,7 @@ from gemq.config import RunConfig
 from gemq.embedded import EmbeddedRedis
 from gemq.errors import PublishRefused
 from gemq.layout import ParamLayout
+from gemq.leadership import Leadership
 from gemq.rejections import LOGGED_PAIRS
 from gemq.runs import create_run
 from gemq.store import RunState, RunStore
@@ -225,12 +226,12 @@ def _lead(store: RunStore) -> tuple[Leader, np.ndarray]:
     """One window of a leader over everything in the stream, committed."""
     leader = Leader(store, store.config(), store.layout())
     before = leader.theta.copy()
-    assert store.acquire_lease("t", 5000)
-    entries = store.fenced_read("t", 5000, 10_000).entries
+    assert Leadership(store, "t", 5000).acquire()
+    entries = Leadership(store, "t", 5000).read(10_000).entries
     from gemq.aggregator import _field, _sender
 
     plan = leader.process([(i, _field(f, b"m"), _sender(f)) for i, f in entries])
-    store.commit("t", 5000, plan, leader.theta)
+    Leadership(store, "t", 5000).commit(plan, leader.theta)
     return leader, before
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from benchmarks.perf.common import MB, Budget, Peaks, private_redis, ratio
 from benchmarks.perf.system import counter, finish, launch
 from gemq.config import RunConfig
+from gemq.snapshots import kept_versions
 from gemq.store import METRICS_MAXLEN
 
 NAME = "scale"
@@ -59,13 +60,13 @@ def redis_bound(config: RunConfig, workers: int) -> int:
     The stream: max_pending entries, plus one per worker that saw room at the same moment.
     Clients: each worker may have a gradient in Redis' query buffer and a parameter vector
     in its reply buffer at once; the aggregator a reply of two batches (pending and new)
-    and one staged parameter vector. Snapshots: ``history`` of them. Metrics rows.
+    and one staged parameter vector. Snapshots: as many as the run keeps. Metrics rows.
     """
     params = PARAMS * 4
     message = params + 200
     stream = (config.max_pending + workers) * message
     clients = workers * (message + params) + 2 * config.read_batch * message + params
-    return (stream + clients + config.history * params
+    return (stream + clients + kept_versions(config, PARAMS) * params
             + METRICS_MAXLEN * METRICS_ENTRY_BYTES)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import redis
 
+from gemq import combine
 from gemq.errors import RunNotFound
 from gemq.store import RunStore, now_ms, run_ids
 
@@ -61,7 +62,8 @@ def worker_view(worker_id: str, state: dict[str, str], now: int) -> dict[str, An
 
 
 def run_summary(store: RunStore) -> dict[str, Any]:
-    status, config, head = store.status(), store.config(), store.head()
+    status, config = store.status(), store.config()
+    head = combine.slowest(combine.heads(store.shards()))
     return {
         "run_id": store.run_id, "state": status["state"],
         "job": job_state(store.client, status.get("job_id")),
@@ -74,6 +76,7 @@ def run_summary(store: RunStore) -> dict[str, Any]:
 
 
 def run_view(store: RunStore) -> dict[str, Any]:
+    shards = store.shards()
     recent = recent_metrics(store)
     latest = dict(recent[-1]) if recent else {}
     if latest:
@@ -84,7 +87,8 @@ def run_view(store: RunStore) -> dict[str, Any]:
         "config": json.loads(store.config().to_json()),
         "tensors": [t.name for t in store.layout().params],  # the heat map's rows
         "latest": latest,
-        "counters": store.counters(),
+        "counters": combine.counters(shards),
+        "shards": combine.shard_table(shards),
         # The most recently heard from; the total says how many there are in all.
         "workers": [worker_view(w, s, now) for w, s in store.worker_states().items()],
         "workers_total": store.worker_count(),

@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from gemq import combine
 from gemq.store import RunStore, now_ms, run_ids
 
 from .. import views
@@ -42,7 +43,7 @@ class RunCollector(Collector):
     def _run(self, store: RunStore, applied: CounterMetricFamily,
              rejected: CounterMetricFamily, gauges: dict[str, GaugeMetricFamily]) -> None:
         run = store.run_id
-        counters = store.counters()
+        counters = combine.counters(store.shards())
         applied.add_metric([run], counters.get("applied", 0))
         for key, value in counters.items():
             if key.startswith("rejected:"):

@@ -6,10 +6,12 @@ import io
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
+from gemq import combine
 from gemq.config import make_config
 from gemq.data import DataSplit, load_dataset
 from gemq.errors import ConfigError, RunExists, SpecError
@@ -132,14 +134,15 @@ def metrics(store: Store, after: str = Query("0-0", pattern=STREAM_ID),
                        "description": "a torch state_dict file"}})
 def model(store: Store) -> Response:
     """The current parameters as a torch state_dict file (`torch.load(f, weights_only=True)`)."""
-    body = _state_dict_bytes(store)
-    filename = f"{store.run_id}-v{store.head().version}.pt"
+    versions, state = combine.latest_state(store.shards())
+    body = _state_dict_bytes(store, state)
+    filename = f"{store.run_id}-v{min(versions)}.pt"
     return Response(body, media_type="application/octet-stream",
                     headers={"Content-Disposition": f'attachment; filename="{filename}"'})
 
 
-def _state_dict_bytes(store: RunStore) -> bytes:
-    """The newest parameters as a torch state_dict, built from the run's stored layout.
+def _state_dict_bytes(store: RunStore, flat: np.ndarray) -> bytes:
+    """The state ``flat`` as a torch state_dict, built from the run's stored layout.
 
     Nothing named in the run's config is imported or called: that config comes from Redis,
     and a download must not run code chosen by whoever could write there (a module:factory
@@ -151,7 +154,7 @@ def _state_dict_bytes(store: RunStore) -> bytes:
 
     from gemq.flatmodel import state_dict_of
 
-    state = state_dict_of(store.layout(), store.latest()[1])
+    state = state_dict_of(store.layout(), flat)
     buffer = io.BytesIO()
     torch.save(state, buffer)
     return buffer.getvalue()

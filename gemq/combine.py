@@ -1,0 +1,78 @@
+"""A run's numbers from its shards' (gemq/shards.py): what the summary, the progress bar,
+the API and the model file show for a sharded run.
+
+Every shard counts the slices it receives: a gradient published to a run of S shards is S
+slices, each applied or rejected by its own shard's aggregator. The run counts a gradient
+applied once every shard has applied its slice, so the run's ``applied`` and ``published``
+are the smallest of the shards'; a rejection counts once if any shard rejected (the largest
+per reason); the run's version is its slowest shard's. For a run of one shard, each of these
+is simply that shard's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from gemq.store import Head, RunStore
+
+#: Counters where the run's value is the smallest over its shards (a gradient counts once
+#: all of its slices do); every other counter takes the largest.
+SMALLEST = frozenset({"applied", "published"})
+
+
+def counters(stores: Sequence[RunStore]) -> dict[str, int]:
+    """The run's counters (see the module's docstring)."""
+    per_shard = [store.counters() for store in stores]
+    if len(per_shard) == 1:
+        return per_shard[0]
+    names = {name for shard in per_shard for name in shard}
+    return {name: (min if name in SMALLEST else max)(shard.get(name, 0) for shard in per_shard)
+            for name in sorted(names)}
+
+
+def heads(stores: Sequence[RunStore]) -> list[Head]:
+    return [store.head() for store in stores]
+
+
+def slowest(heads: Sequence[Head]) -> Head:
+    """The head of the shard that applied the fewest updates: the run's progress."""
+    return min(heads, key=lambda head: head.updates)
+
+
+def latest_state(stores: Sequence[RunStore]) -> tuple[tuple[int, ...], np.ndarray]:
+    """Each shard's newest version and the whole state, put together from their slices
+    (each slice as of its own shard's newest version)."""
+    parts = [store.latest() for store in stores]
+    versions = tuple(version for version, _ in parts)
+    if len(parts) == 1:
+        return versions, parts[0][1]
+    return versions, np.concatenate([params for _, params in parts])
+
+
+def shard_table(stores: Sequence[RunStore]) -> list[dict[str, Any]]:
+    """One row per shard: its version, counts, and its aggregator's latest energy ratio,
+    median pi and staleness (for a sharded run's views)."""
+    table = []
+    for store, head in zip(stores, heads(stores), strict=True):
+        shard_counters = store.counters()
+        latest = store.latest_metrics(1)
+        row = latest[0][1] if latest else {}
+        table.append({
+            "shard": store.shard, "version": head.version, "updates": head.updates,
+            "state": head.state, "applied": shard_counters.get("applied", 0),
+            "rejected": sum(v for k, v in shard_counters.items() if k.startswith("rejected:")),
+            "energy_ratio": _number(row.get("energy_ratio")),
+            "median_pi": _number(row.get("median_pi")),
+            "staleness_mean": _number(row.get("staleness_mean")),
+        })
+    return table
+
+
+def _number(text: str | None) -> float | None:
+    if text is None:
+        return None
+    value = float(text)
+    return None if value != value else value  # NaN: nothing measured yet

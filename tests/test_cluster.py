@@ -1,0 +1,68 @@
+"""gemq on a real Redis Cluster: three redis-server masters started by the test
+(gemq/cluster.py: EmbeddedCluster), sharded runs on it, and their exactness."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+from gemq.cluster import EmbeddedCluster, is_cluster
+from gemq.connection import connect
+from gemq.keys import RunKeys
+from gemq.local import train
+from tests.test_shards import lockstep
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[EmbeddedCluster]:
+    with EmbeddedCluster(3) as started:
+        yield started
+
+
+@pytest.fixture
+def cluster_client(cluster: EmbeddedCluster) -> Iterator[redis.Redis]:
+    client = connect(cluster.url)
+    yield client
+    client.flushall(target_nodes="primaries")  # type: ignore[call-arg]
+    client.close()
+
+
+def test_any_nodes_url_gives_a_cluster_client(cluster: EmbeddedCluster,
+                                              redis_client: redis.Redis) -> None:
+    for url in cluster.urls:
+        client = connect(url)
+        assert isinstance(client, RedisCluster) and is_cluster(url)
+        client.close()
+    assert not isinstance(redis_client, RedisCluster) and not is_cluster(redis_client)
+
+
+def test_shards_spread_over_the_masters(cluster_client: redis.Redis) -> None:
+    cluster: RedisCluster = cluster_client  # type: ignore[assignment]
+    nodes = {cluster.get_node_from_key(RunKeys("spread", k).head).name for k in range(3)}
+    assert len(nodes) >= 2, nodes  # three masters, three slots: not all on one
+
+
+def test_sharded_runs_on_a_cluster_end_as_the_unsharded_run_on_one_redis(
+        cluster_client: redis.Redis, redis_client: redis.Redis) -> None:
+    whole = lockstep(redis_client, "plain", 30, algo="downpour")
+    for count in (1, 3):
+        on_cluster = lockstep(cluster_client, f"clustered-{count}", 30, algo="downpour",
+                              shards=count)
+        np.testing.assert_array_equal(on_cluster, whole)
+    gem_whole = lockstep(redis_client, "plain-gem", 30, algo="gem")
+    gem_cluster = lockstep(cluster_client, "clustered-gem", 30, algo="gem", shards=3)
+    np.testing.assert_allclose(gem_cluster, gem_whole, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_gemq_run_on_a_private_cluster_trains_every_shard(tmp_path: object) -> None:
+    summary = train(model="mlp", dataset="digits", workers=2, steps=300, shards=3,
+                    local_cluster=3, progress=False, out_dir=str(tmp_path))
+    assert summary["state"] == "finished" and summary["updates_applied"] == 300
+    assert [s["applied"] for s in summary["shards"]] == [300, 300, 300]
+    assert summary["redis"] == "embedded cluster of 3 masters"
+    assert summary["test_accuracy"] > 0.85

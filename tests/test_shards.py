@@ -1,0 +1,203 @@
+"""Sharded runs: the plan, exactness against the unsharded run, and shards on their own.
+
+Exactness is checked in lockstep: one real worker publishes a gradient to every shard, then
+each shard's leader (the aggregator's own Leader and Leadership) applies and commits it,
+then the worker reads every shard's new parameters. The order of events is then fixed, so
+the final parameters depend only on the sharding.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import numpy as np
+import pytest
+import redis
+
+from gemq import combine
+from gemq.aggregator import Leader, _sender
+from gemq.config import RunConfig
+from gemq.data import load_dataset
+from gemq.embedded import EmbeddedRedis
+from gemq.errors import ConfigError
+from gemq.layout import ParamLayout
+from gemq.leadership import Leadership
+from gemq.runs import create_run
+from gemq.shards import MAX_SHARD_BYTES, ShardPlan
+from gemq.store import RunState
+from gemq.worker import Worker
+from tests.helpers import GemqProcess, assert_accounting_closes, wait_for
+
+# --- the plan ---------------------------------------------------------------------------
+
+LAYOUT = ParamLayout.from_shapes([("a.w", (100, 10)), ("a.b", (100,)), ("b.w", (10, 100)),
+                                  ("b.b", (10,)), ("c.w", (3, 10))])
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 7, 64])
+def test_shards_cover_the_state_in_order_without_overlap(count: int) -> None:
+    plan = ShardPlan.of(LAYOUT, count)
+    assert plan.count == count and plan.size == LAYOUT.size
+    assert plan.shards[0].start == 0 and plan.shards[-1].stop == LAYOUT.size
+    for a, b in zip(plan.shards, plan.shards[1:], strict=False):
+        assert a.stop == b.start and a.size > 0
+
+
+def test_cuts_fall_on_tensor_boundaries_when_that_keeps_shards_balanced() -> None:
+    plan = ShardPlan.of(LAYOUT, 2)  # 2140 elements: a.w + a.b = 1100 is within 10% of 1070
+    assert [s.start for s in plan.shards] == [0, 1100]
+    plan = ShardPlan.of(LAYOUT, 4)  # ideal cuts 535, 1070, 1605: 1100 moves, the others not
+    assert [s.start for s in plan.shards] == [0, 535, 1100, 1605]
+
+
+def test_a_slice_of_one_shard_or_layout_is_never_taken_for_another() -> None:
+    ids = {ShardPlan.of(LAYOUT, n).layout_id_of(k) for n in (1, 2, 4) for k in range(n)}
+    assert len(ids) == 1 + 2 + 4
+    assert ShardPlan.of(LAYOUT, 1).layout_id_of(0) == LAYOUT.layout_id  # as before shards
+
+
+def test_too_few_or_too_many_shards_is_one_clear_error() -> None:
+    big = ParamLayout.from_shapes([("w", (MAX_SHARD_BYTES // 4 + 1,))])
+    with pytest.raises(ConfigError, match="needs --shards 2 or more"):
+        ShardPlan.of(big, 1)
+    with pytest.raises(ConfigError, match="3 shards for a state of 2 elements"):
+        ShardPlan.of(ParamLayout.from_shapes([("w", (2,))]), 3)
+
+
+# --- exactness --------------------------------------------------------------------------
+
+
+def lockstep(client: redis.Redis, run_id: str, steps: int, **settings: object) -> np.ndarray:
+    """Train ``steps`` updates with one worker, in lockstep; return the final state."""
+    config = RunConfig.from_dict({"run_id": run_id, "model": "mlp", "dataset": "digits",
+                                  "batch_size": 16, "budget_updates": steps + 1, **settings})
+    data = load_dataset("digits")
+    store = create_run(client, config, data)
+    store.mark_running("lockstep")
+    shards = store.shards()
+    leaders = [Leader(s, config, s.layout()) for s in shards]
+    leads = [Leadership(s, f"lockstep-{s.shard}", 60_000) for s in shards]
+    assert all(lead.acquire() for lead in leads)
+    worker = Worker(store, "w1", config, data)
+    never = threading.Event()
+    for _ in range(steps):
+        worker._next_views = None  # read the views afresh: the gradient is on the newest
+        assert worker._step(never)
+        for leader, lead in zip(leaders, leads, strict=True):
+            entries = lead.read(10).entries
+            assert len(entries) == 1
+            plan = leader.process([(i, f.get(b"m"), _sender(f)) for i, f in entries
+                                   if f is not None])
+            assert lead.commit(plan, leader.theta)
+    assert [s.counters().get("applied") for s in shards] == [steps] * len(shards)
+    assert all(s.counters().get("published") == steps for s in shards)
+    return combine.latest_state(shards)[1].copy()
+
+
+@pytest.mark.parametrize("algo", ["downpour", "gem", "dcasgd"])
+def test_sharded_runs_end_with_the_unsharded_runs_parameters(redis_client: redis.Redis,
+                                                             algo: str) -> None:
+    steps = 40
+    whole = lockstep(redis_client, f"{algo}-1", steps, algo=algo)
+    for count in (2, 4):
+        sharded = lockstep(redis_client, f"{algo}-{count}", steps, algo=algo, shards=count)
+        if algo == "downpour":  # theta -= lr * g, element by element: bit for bit
+            np.testing.assert_array_equal(sharded, whole)
+        else:  # element-wise too; float32 rounding is all that may differ
+            np.testing.assert_allclose(sharded, whole, rtol=1e-5, atol=1e-6)
+    assert not np.array_equal(whole, lockstep(redis_client, f"{algo}-0", 1, algo=algo))
+
+
+def test_a_run_of_one_shard_has_exactly_the_keys_it_had_before_shards(
+        redis_client: redis.Redis) -> None:
+    lockstep(redis_client, "one", 3, algo="gem")
+    keys = {k.decode() for k in redis_client.scan_iter("gemq:*")}
+    assert all(k.startswith("gemq:{one}:") for k in keys if "one" in k)
+    lockstep(redis_client, "two", 3, algo="gem", shards=2)
+    assert any(k.decode().startswith("gemq:{two/1}:") for k in redis_client.scan_iter("gemq:*"))
+
+
+# --- shards on their own ----------------------------------------------------------------
+
+
+def test_a_run_ends_once_every_shard_has_ended(redis_client: redis.Redis) -> None:
+    config = RunConfig(run_id="ends", model="logreg", dataset="digits", shards=3)
+    store = create_run(redis_client, config)
+    store.mark_running("t")
+    shards = store.shards()
+    for shard in shards[:2]:
+        redis_client.hset(shard.keys.head, mapping={"state": RunState.FINISHED})
+        assert store.conclude() is None
+        assert store.state() == RunState.RUNNING
+    redis_client.hset(shards[2].keys.head, mapping={"state": RunState.STOPPED})
+    assert store.conclude() == RunState.STOPPED  # finished only if every shard finished
+
+
+def test_one_failed_shard_fails_the_run_with_its_error(redis_client: redis.Redis) -> None:
+    store = create_run(redis_client, RunConfig(run_id="fails", model="logreg",
+                                               dataset="digits", shards=2))
+    store.mark_running("t")
+    redis_client.hset(store.of_shard(1).keys.head,
+                      mapping={"state": RunState.FAILED, "error": "stalled: out_of_range"})
+    assert store.conclude() == RunState.FAILED
+    assert store.status()["error"] == "stalled: out_of_range"
+
+
+@pytest.mark.slow
+def test_sigkilling_one_shards_aggregator_pauses_that_shard_only(
+        redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
+    """Ten SIGKILLs of shard 1's aggregator: shard 0's leader never changes and goes on
+    applying what was published while shard 1 has no leader; every slice is applied once."""
+    budget, url = 600, redis_server.url
+    store = create_run(redis_client, RunConfig(
+        run_id="halves", model="mlp", dataset="digits", batch_size=32, budget_updates=budget,
+        shards=2, max_pending=16))
+    shard0, shard1 = store.shards()
+    args = ("aggregator", "--run", "halves", "--redis-url", url, "--lease-ms", "400")
+    first = GemqProcess(*args, "--shard", "0")
+    second = GemqProcess(*args, "--shard", "1")
+    workers = [GemqProcess("worker", "--run", "halves", "--redis-url", url, "--worker-id",
+                           f"w{i}") for i in range(2)]
+    try:
+        wait_for(lambda: redis_client.exists(shard0.keys.lease) == 1, what="shard 0's leader")
+        leader0 = redis_client.get(shard0.keys.lease)
+        for kill in range(10):
+            target = (kill + 1) * budget // 12
+            wait_for(lambda t=target: shard1.head().updates >= t, timeout_s=60,
+                     what=f"shard 1 at {target}")
+            second.send_signal(signal.SIGKILL)
+            second.wait()
+            second.stop()
+            paused_at = shard1.head().updates
+            ahead = shard0.head().updates
+            # Shard 0 goes on alone: the backlog workers had published, then what they
+            # publish until shard 1's stream is full (max_pending).
+            wait_for(lambda a=ahead: shard0.head().updates > a, timeout_s=30,
+                     what="shard 0 going on without shard 1")
+            assert shard1.head().updates == paused_at
+            assert redis_client.get(shard0.keys.lease) == leader0  # one leader throughout
+            second = GemqProcess(*args, "--shard", "1")
+        assert second.wait(120) == 0, second.output()
+        assert first.wait(60) == 0, first.output()
+    finally:
+        for process in (first, second, *workers):
+            process.stop()
+    assert store.state() == RunState.FINISHED
+    for shard in (shard0, shard1):
+        assert_accounting_closes(shard, applied=budget)
+
+
+def test_the_service_enqueues_one_aggregation_job_per_shard(redis_client: redis.Redis) -> None:
+    from gemq.services.api import views
+    from gemq.services.jobs import enqueue_aggregation, queue
+
+    store = create_run(redis_client, RunConfig(run_id="three", model="logreg",
+                                               dataset="digits", shards=3))
+    first = enqueue_aggregation(redis_client, "gemq-test", "three")
+    assert first == "gemq-aggregate-three"
+    assert sorted(queue(redis_client, "gemq-test").job_ids) == [
+        "gemq-aggregate-three", "gemq-aggregate-three-shard-1", "gemq-aggregate-three-shard-2"]
+    view = views.run_view(store)
+    assert [s["shard"] for s in view["shards"]] == [0, 1, 2]
+    assert view["progress"]["updates"] == 0
