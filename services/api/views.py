@@ -35,6 +35,13 @@ def _number(text: str) -> float | int | None:
     return value if math.isfinite(value) else None  # JSON has no NaN
 
 
+def metrics_columns(rows: list[tuple[str, dict[str, str]]],
+                    fields: list[str]) -> dict[str, list[float | int | None]]:
+    """Metrics rows as one list per field, in row order; null where a row has no finite
+    value for the field."""
+    return {f: [_number(row[f]) if f in row else None for _, row in rows] for f in fields}
+
+
 def updates_per_s(rows: list[dict[str, Any]]) -> float | None:
     if len(rows) < 2 or rows[-1]["t_ms"] <= rows[0]["t_ms"]:
         return None

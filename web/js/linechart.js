@@ -1,8 +1,11 @@
-// Line charts in inline SVG over a shared x axis (updates), with a hover readout.
+// Line charts in inline SVG over a shared x axis (updates unless told otherwise); the hover
+// readout is charthover.js's.
 
+import { attachHover } from "./charthover.js";
 import { esc, fmt, fmtInt } from "./format.js";
-import { lastOf } from "./series.js";
 import { ticks, tickLabel } from "./ticks.js";
+
+const updatesText = (x) => `${fmtInt(x)} updates`;
 
 // Keeps the shape of a long series: the min and max of each bucket, in order.
 function downsample(points, maxPoints) {
@@ -25,17 +28,20 @@ function downsample(points, maxPoints) {
   return out;
 }
 
-// A line chart in inline SVG: series of [x, y] points over a shared x axis (updates).
-// opts: series [{name, points, cls}], refs [{y, label}] (dashed lines), yZero, readout, hover
-// (the index of the series the readout follows), xDomain, legend, robust (clip outliers).
+// A line chart in inline SVG: series of [x, y] points (in x order) over a shared x axis.
+// opts: series [{name, points, cls, color, id}] (color: a stroke for a series without a
+// class; id: its line's data-series, else the name), refs [{y, label}] (dashed lines),
+// xZero and yZero (the axis starts at 0 at most), readout, hover (the index of the series
+// the readout follows, or "all"), xDomain, xLabel (default "updates"), fmtX (an x as the
+// readout says it), legend, robust (clip outliers of the followed series).
 export function lineChart(el, opts) {
   const W = Math.max(260, Math.floor(el.clientWidth || 480));
   const H = 200;
   const m = { l: 46, r: 14, t: opts.legend ? 26 : 12, b: 28 };
   const pw = W - m.l - m.r;
   const ph = H - m.t - m.b;
-  const main = opts.series[opts.hover || 0];
-  el.dataset.points = String(main.points.length);
+  const followed = opts.hover === "all" ? opts.series : [opts.series[opts.hover || 0]];
+  el.dataset.points = String(followed.length ? followed[0].points.length : 0);
   const all = opts.series.flatMap((s) => s.points);
   if (!all.length) {
     el.innerHTML = `<div class="chart-empty">Waiting for data…</div>`;
@@ -56,8 +62,9 @@ export function lineChart(el, opts) {
   }
   // robust: a few outliers (one huge spike) must not flatten the rest; they are clipped.
   let clippedAt = null;
-  if (opts.robust && main.points.length >= 50) {
-    const ys = main.points.map((p) => p[1]).sort((a, b) => a - b);
+  const followedYs = followed.flatMap((s) => s.points.map((p) => p[1]));
+  if (opts.robust && followedYs.length >= 50) {
+    const ys = followedYs.sort((a, b) => a - b);
     const cap = Math.max(ys[Math.floor(ys.length * 0.99)] * 1.5, ...(opts.refs || []).map((r) => r.y * 1.2));
     if (cap > 0 && y1 > cap) {
       y1 = cap;
@@ -65,12 +72,14 @@ export function lineChart(el, opts) {
     }
   }
   if (opts.xDomain) [x0, x1] = opts.xDomain;
+  if (opts.xZero && x0 > 0) x0 = 0;
   if (opts.yZero && y0 > 0) y0 = 0;
   if (x1 === x0) x1 = x0 + 1;
   if (y1 === y0) y1 = y0 + 1;
   y1 += (y1 - y0) * 0.06;
   const sx = (x) => m.l + ((x - x0) / (x1 - x0)) * pw;
   const sy = (y) => m.t + ph - ((y - y0) / (y1 - y0)) * ph;
+  const ix = (px) => x0 + ((px - m.l) / pw) * (x1 - x0);
   const clipId = `clip-${el.id}`;
 
   const parts = [];
@@ -84,17 +93,17 @@ export function lineChart(el, opts) {
   for (const v of xt.values) {
     const x = sx(v).toFixed(1);
     parts.push(`<line class="axis" x1="${x}" x2="${x}" y1="${m.t + ph}" y2="${m.t + ph + 4}"/>`,
-      `<text class="tick" x="${x}" y="${m.t + ph + 16}" text-anchor="middle">${tickLabel(v, xt.step)}</text>`);
+      `<text class="tick x-tick" x="${x}" y="${m.t + ph + 16}" text-anchor="middle">${tickLabel(v, xt.step)}</text>`);
   }
   parts.push(`<line class="axis" x1="${m.l}" x2="${m.l + pw}" y1="${m.t + ph}" y2="${m.t + ph}"/>`,
-    `<text class="axis-label" x="${m.l + pw}" y="${H - 2}" text-anchor="end">updates</text>`);
+    `<text class="axis-label" x="${m.l + pw}" y="${H - 2}" text-anchor="end">${esc(opts.xLabel || "updates")}</text>`);
   parts.push(`<clipPath id="${clipId}"><rect x="${m.l}" y="${m.t - 2}" width="${pw}" height="${ph + 4}"/></clipPath>`,
     `<g clip-path="url(#${clipId})">`);
   for (const s of opts.series) {
     if (!s.points.length) continue;
     const pts = downsample(s.points, Math.max(100, pw * 2));
     const d = pts.map(([x, y]) => `${sx(x).toFixed(1)},${sy(y).toFixed(1)}`).join(" ");
-    parts.push(`<polyline class="line ${s.cls}" points="${d}"><title>${esc(s.name)}</title></polyline>`);
+    parts.push(`<polyline class="line ${s.cls || ""}"${strokeOf(s)} data-series="${esc(s.id || s.name)}" data-points="${s.points.length}" points="${d}"><title>${esc(s.name)}</title></polyline>`);
   }
   parts.push("</g>");
   if (clippedAt !== null) {
@@ -108,51 +117,18 @@ export function lineChart(el, opts) {
   if (opts.legend) {
     let lx = m.l + 8;
     for (const s of opts.series) {
-      parts.push(`<line class="line ${s.cls}" x1="${lx}" x2="${lx + 14}" y1="8" y2="8"/>`,
+      parts.push(`<line class="line ${s.cls || ""}"${strokeOf(s)} x1="${lx}" x2="${lx + 14}" y1="8" y2="8"/>`,
         `<text class="legend" x="${lx + 18}" y="8" dominant-baseline="middle">${esc(s.name)}</text>`);
       lx += 30 + s.name.length * 7;
     }
   }
-  parts.push(`<g class="hover" visibility="hidden"><line class="hover-line" y1="${m.t}" y2="${m.t + ph}"/><circle r="3.5"/></g>`,
+  const dots = followed.map((s) => `<circle r="3.5"${strokeOf(s)}/>`).join("");
+  parts.push(`<g class="hover" visibility="hidden"><line class="hover-line" y1="${m.t}" y2="${m.t + ph}"/>${dots}</g>`,
     `<rect class="overlay" x="${m.l}" y="${m.t}" width="${pw}" height="${ph}"/>`);
   el.innerHTML = `<svg viewBox="0 0 ${W} ${H}" width="${W}" height="${H}" aria-hidden="true">${parts.join("")}</svg>`;
-
-  const fmtPoint = (p) => `${fmt(p[1], 4)} at ${fmtInt(p[0])} updates`;
-  el._chart = { sx, sy, top: m.t, points: main.points, name: main.name, fmtPoint, readout: opts.readout };
-  if (opts.readout) opts.readout.textContent = main.points.length ? `${main.name} ${fmt(lastOf(main.points), 4)}` : "";
-  if (!el.dataset.bound) {
-    el.dataset.bound = "1";
-    el.addEventListener("mousemove", (ev) => chartHover(el, ev));
-    el.addEventListener("mouseleave", () => chartHover(el, null));
-  }
+  attachHover(el, { sx, sy, ix, top: m.t, followed, fmtX: opts.fmtX || updatesText, readout: opts.readout });
 }
 
-function chartHover(el, ev) {
-  const c = el._chart;
-  const g = el.querySelector("g.hover");
-  if (!c || !g) return;
-  if (!ev || !c.points.length) {
-    g.setAttribute("visibility", "hidden");
-    if (c.readout) c.readout.textContent = c.points.length ? `${c.name} ${fmt(lastOf(c.points), 4)}` : "";
-    return;
-  }
-  const svg = el.querySelector("svg");
-  const box = svg.getBoundingClientRect();
-  const scale = svg.viewBox.baseVal.width / box.width;
-  const px = (ev.clientX - box.left) * scale;
-  // Nearest point by x (points are in x order).
-  let lo = 0, hi = c.points.length - 1;
-  while (hi - lo > 1) {
-    const mid = (lo + hi) >> 1;
-    if (c.sx(c.points[mid][0]) < px) lo = mid; else hi = mid;
-  }
-  const p = Math.abs(c.sx(c.points[lo][0]) - px) <= Math.abs(c.sx(c.points[hi][0]) - px) ? c.points[lo] : c.points[hi];
-  const x = c.sx(p[0]).toFixed(1);
-  const y = Math.max(c.top, c.sy(p[1])).toFixed(1);
-  g.setAttribute("visibility", "visible");
-  g.querySelector("line").setAttribute("x1", x);
-  g.querySelector("line").setAttribute("x2", x);
-  g.querySelector("circle").setAttribute("cx", x);
-  g.querySelector("circle").setAttribute("cy", y);
-  if (c.readout) c.readout.textContent = `${c.name} ${c.fmtPoint(p)}`;
+function strokeOf(series) {
+  return series.color ? ` style="stroke:${esc(series.color)}"` : "";
 }

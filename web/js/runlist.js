@@ -1,5 +1,5 @@
-// The run list in the sidebar: one row per run with its state, job, progress and the
-// Start and Stop buttons (their clicks are wired in main.js).
+// The run list in the sidebar: one row per run with its compare box, state, job, progress
+// and the Start and Stop buttons (their clicks are wired in main.js).
 
 import { esc, num } from "./format.js";
 import { $ } from "./page.js";
@@ -22,6 +22,7 @@ function runItem(r) {
   const canStop = !ENDED.has(st);
   const canStart = st === "created" && !job;
   return `<li class="run-item${selected ? " selected" : ""}" data-run-id="${esc(id)}" data-state="${esc(st)}" data-testid="run-item">
+    <input type="checkbox" class="run-compare" data-action="compare" aria-label="Compare run ${esc(id)}" title="Compare this run with others">
     <button type="button" class="run-select" data-action="select" ${selected ? 'aria-current="true"' : ""}>
       <span class="run-id">${esc(id)}</span>
       <span class="run-meta">
@@ -52,4 +53,16 @@ export function renderRunList(error) {
     return;
   }
   list.innerHTML = runs.map(runItem).join("");
+  syncCompareBoxes();
+}
+
+// Ticks the boxes of the compared runs, in their lines' colours. Sets them in place: the
+// list is not redrawn, so the box just clicked keeps the focus.
+export function syncCompareBoxes() {
+  for (const box of document.querySelectorAll("#run-list input[data-action=compare]")) {
+    const id = box.closest("li[data-run-id]").dataset.runId;
+    const entry = state.compare.runs.find((r) => r.id === id);
+    box.checked = !!entry;
+    box.style.accentColor = entry ? entry.colour : "";
+  }
 }

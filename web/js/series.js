@@ -1,5 +1,5 @@
-// Metrics rows into chart series: row normalising, stream-id order, smoothing and the
-// update rate. Pure functions of the rows they are given.
+// Metrics rows (or columns) into chart series: row normalising, stream-id order, smoothing
+// and the update rate. Pure functions of the data they are given.
 
 import { num, parseJson } from "./format.js";
 
@@ -42,6 +42,17 @@ export function seriesOf(rows, key) {
     const x = r.updates;
     const y = r[key];
     if (Number.isFinite(x) && Number.isFinite(y)) out.push([x, y]);
+  }
+  return out;
+}
+
+// [xs[i], ys[i]] for every i where both are numbers: one run's columns (as the series route
+// gives them) as chart points.
+export function pairs(xs, ys) {
+  const out = [];
+  const n = Math.min(xs.length, ys.length);
+  for (let i = 0; i < n; i += 1) {
+    if (Number.isFinite(xs[i]) && Number.isFinite(ys[i])) out.push([xs[i], ys[i]]);
   }
   return out;
 }

@@ -1,5 +1,6 @@
-// The page's one mutable state (the selected run, its rows and view, the live stream) and
-// what run and job states mean; every other module reads and writes it here.
+// The page's one mutable state (the selected run, its rows and view, the live stream, the
+// runs being compared) and what run and job states mean; every other module reads and
+// writes it here.
 
 export const ENDED = new Set(["finished", "stopped", "failed"]);
 // rq job states in which the aggregation may still change the run.
@@ -23,6 +24,13 @@ export const state = {
   knownWorkers: new Map(), // worker id -> time first seen on this page
   dirty: { rows: false, view: false },
   frame: 0,
+  mode: "run", // what the main area shows: "run" (the selected run) or "compare"
+  compare: {
+    runs: [], // in the order picked: {id, colour, columns, lastId, final, busy, error}
+    axis: "updates", // the x axis: "updates" or "time" (since each run's start)
+    dirty: { legend: false, charts: false },
+    frame: 0,
+  },
 };
 
 // The rq job's state, whether the view gives the job as a string or as {state, ...}.
@@ -31,9 +39,21 @@ export function jobState(job) {
   return typeof job === "string" ? job : job.state || null;
 }
 
-// The selected run has ended and no job can change it any more: nothing left to stream.
+// A run (its view or its summary in the run list) has ended and no job can change it any
+// more: nothing left to fetch after one last read.
+export function isOver(run) {
+  if (!run || !ENDED.has(run.state)) return false;
+  return !JOB_ACTIVE.has(jobState(run.job));
+}
+
+// What the page knows of a run: the selected run's view (the freshest), else its entry in
+// the run list, else null.
+export function runSummary(id) {
+  if (state.view && state.view.run_id === id) return state.view;
+  return state.runs.find((r) => r.run_id === id) || null;
+}
+
+// The selected run is over: nothing left to stream.
 export function runIsOver() {
-  const v = state.view;
-  if (!v || !ENDED.has(v.state)) return false;
-  return !JOB_ACTIVE.has(jobState(v.job));
+  return isOver(state.view);
 }
