@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gemq import __version__
 from gemq.cliargs import (
@@ -37,9 +37,13 @@ from gemq.config import (
     make_config,
     validate_settings,
 )
+from gemq.curves import FORMATS
 from gemq.errors import ConfigError, GemqError, RunExists
 from gemq.process import Terminated, raise_on_termination
 from gemq.sim.command import add_simulate_parser, cmd_simulate
+
+if TYPE_CHECKING:
+    from gemq.summary import RunSummary
 
 #: The run settings `gemq run` and `gemq create` take.
 RUN_GROUPS = (TRAINING, BUDGET, COMPUTE, TRANSPORT, LIMITS)
@@ -89,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--local-cluster", type=int, default=0, metavar="MASTERS",
                      help="start a private Redis Cluster of this many masters instead of "
                           "one private Redis (try --shards on the real topology); 0: no")
+    run.add_argument("--tensorboard", type=Path, default=None, metavar="DIR",
+                     help="also write the curves as TensorBoard scalars to DIR/<run-id> "
+                          "(needs pip install 'gemq[tensorboard]')")
     _add_init_from(run)
 
     create = _command(commands, "create", "create a run in Redis for remote workers",
@@ -135,16 +142,41 @@ def build_parser() -> argparse.ArgumentParser:
     add_run(status)
     add_redis(status, required=True)
 
+    export = _command(commands, "export", "write a run's curves (its metrics stream) as CSV "
+                      "or JSON lines",
+                      "gemq export --run $RUN --redis-url redis://host:6379/0 --out curves.csv")
+    add_run(export)
+    add_redis(export, required=True)
+    export.add_argument("--out", type=Path, default=None, metavar="FILE",
+                        help="file to write; default: standard output")
+    export.add_argument("--format", choices=FORMATS, default="csv",
+                        help="csv (a header line, then a row per metrics entry) or jsonl (a "
+                             "JSON object per row)")
+
     simulate = add_simulate_parser(commands)
     _verbose(simulate, default=argparse.SUPPRESS)
-    for each in (parser, run, create, aggregator, worker, status, serve, simulate):
+    for each in (parser, run, create, aggregator, worker, status, serve, export, simulate):
         apply_env_defaults(each, os.environ)
     return parser
 
 
+def _complete(parser: argparse.ArgumentParser) -> None:
+    """Answer the shell's tab completion and exit, when the shell asks and the optional
+    argcomplete package is there (pip install 'gemq[completion]'; see the README)."""
+    if "_ARGCOMPLETE" not in os.environ:
+        return
+    try:
+        import argcomplete
+    except ImportError:
+        return
+    argcomplete.autocomplete(parser)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        _complete(parser)
+        args = parser.parse_args(argv)
         service = (args.command == "serve" or getattr(args, "serve", False)
                    or getattr(args, "follow", False))
         logging.basicConfig(level=logging.INFO if args.verbose or service else logging.WARNING,
@@ -184,27 +216,27 @@ def _cmd_run(args: argparse.Namespace) -> int:
                         redis_url=args.redis_url, out_dir=args.out,
                         progress=not args.no_progress, device=args.device,
                         init_from=args.init_from, local_cluster=args.local_cluster,
+                        tensorboard=args.tensorboard,
                         **_run_settings(args))
     if args.json:
-        from gemq.summary import write_json
-
-        write_json(summary, args.json)
+        summary.write_json(args.json)
     _print_summary(summary)
     return 0
 
 
-def _print_summary(s: dict[str, Any]) -> None:
-    rejected = sum(s["rejected"].values())
-    result = (f"test accuracy: {100 * s['test_accuracy']:.1f}%"
-              if s["test_accuracy"] is not None else f"test loss: {s['test_loss']:.4f}")
-    state = "" if s["state"] == "finished" else f" (run {s['state']})"
-    print(f"{result} on {s['test_samples']} held-out samples (train loss "
-          f"{s['train_loss']:.4f}){state}")
-    print(f"updates: {s['updates_applied']} applied, {rejected} rejected, {s['unused']} unused "
-          f"in {s['wall_time_s']:.1f}s; mean staleness {s['staleness_mean']:.1f}, "
-          f"energy ratio {s['energy_ratio']:.2f}")
-    print(f"model:   {s['model_path']}")
-    print(f"summary: {s['summary_path']}")
+def _print_summary(s: RunSummary) -> None:
+    rejected = sum(s.rejected.values())
+    result = (f"test accuracy: {100 * s.test_accuracy:.1f}%"
+              if s.test_accuracy is not None else f"test loss: {s.test_loss:.4f}")
+    state = "" if s.state == "finished" else f" (run {s.state})"
+    print(f"{result} on {s.test_samples} held-out samples (train loss "
+          f"{s.train_loss:.4f}){state}")
+    print(f"updates: {s.updates_applied} applied, {rejected} rejected, {s.unused} unused "
+          f"in {s.wall_time_s:.1f}s; mean staleness {s.staleness_mean:.1f}, "
+          f"energy ratio {s.energy_ratio:.2f}")
+    print(f"model:   {s.model_path}")
+    print(f"summary: {s.summary_path}")
+    print(f"curves:  {s.metrics_path}")
 
 
 def _cmd_create(args: argparse.Namespace) -> int:
@@ -311,6 +343,25 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from gemq.connection import connect
+    from gemq.export import export_to_file, export_to_stdout
+    from gemq.store import RunStore
+
+    run_id, url = _require_run(args), _require_url(args)
+    client = connect(url)
+    try:
+        store = RunStore(client, run_id)
+        if args.out is None:
+            export_to_stdout(store, args.format, progress=True)
+            return 0
+        rows = export_to_file(store, args.out, args.format, progress=True)
+    finally:
+        client.close()
+    print(f"run {run_id}: {rows} rows written to {args.out}", file=sys.stderr)
+    return 0
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from gemq.services.api.app import serve
     from gemq.services.settings import ApiSettings, load
@@ -321,4 +372,4 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 COMMANDS = {"run": _cmd_run, "create": _cmd_create, "aggregator": _cmd_aggregator,
             "worker": _cmd_worker, "status": _cmd_status, "serve": _cmd_serve,
-            "simulate": cmd_simulate}
+            "export": _cmd_export, "simulate": cmd_simulate}

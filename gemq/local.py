@@ -2,7 +2,7 @@
 
 ``train()`` is what ``gemq run`` calls; from Python::
 
-    summary = gemq.train("cnn", "mnist5k", workers=4, epochs=10)
+    summary = gemq.train("cnn", "mnist5k", workers=4, epochs=10)   # a gemq.RunSummary
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from gemq.aggregator import aggregator_main
 from gemq.cluster import EmbeddedCluster, is_cluster
 from gemq.config import USER_SETTINGS, RunConfig, make_config, validate_settings
 from gemq.connection import connect, redact
+from gemq.curves import CURVES_FILE
 from gemq.data import DataSplit, load_dataset
 from gemq.embedded import EmbeddedRedis
 from gemq.errors import ConfigError, GemqError
@@ -37,11 +38,13 @@ from gemq.modelfile import ModelFile
 from gemq.models import build_model
 from gemq.process import raise_on_termination
 from gemq.progress import ProgressDisplay
+from gemq.recording import CurveRecorder
 from gemq.runs import create_run
 from gemq.snapshots import kept_versions
 from gemq.specs import spec_of
 from gemq.store import ENDED, RunState, RunStore
-from gemq.summary import run_totals, write_json
+from gemq.summary import RunSummary, run_totals
+from gemq.tensorboard_curves import require_tensorboard
 from gemq.worker import worker_main
 
 log = logging.getLogger(__name__)
@@ -74,6 +77,8 @@ class LocalOptions:
     lease_ms: int = 5000
     #: Masters of a private Redis Cluster to start instead of one private Redis (0: none).
     local_cluster: int = 0
+    #: Also write the curves as TensorBoard scalars, under <tensorboard>/<run id>.
+    tensorboard: Path | None = None
 
 
 def train(model: ModelSpec = DEFAULT_MODEL, dataset: DatasetSpec = DEFAULT_DATASET, *,
@@ -90,9 +95,11 @@ def train(model: ModelSpec = DEFAULT_MODEL, dataset: DatasetSpec = DEFAULT_DATAS
           checkpoint_overhead: float | None = None, init_from: str | Path | None = None,
           run_id: str | None = None, redis_url: str | None = None,
           out_dir: str | Path | None = None, progress: bool = True, device: str = "cpu",
-          worker_processes: int = 0, local_cluster: int = 0) -> dict[str, Any]:
+          worker_processes: int = 0, local_cluster: int = 0,
+          tensorboard: str | Path | None = None) -> RunSummary:
     """Train locally on a private Redis (or ``redis_url``); return the run summary, which is
-    also written to ``out_dir`` (default ``runs/<run id>``) with the model.
+    also written to ``out_dir`` (default ``runs/<run id>``) with the model and the curves
+    (metrics.csv; and TensorBoard scalars under ``tensorboard``/<run id> if given).
 
     ``model`` and ``dataset`` are built-in names, ``module:factory`` specs, or importable
     callables. The budget is ``epochs`` (passes over the training set, summed over workers)
@@ -110,7 +117,8 @@ def train(model: ModelSpec = DEFAULT_MODEL, dataset: DatasetSpec = DEFAULT_DATAS
     config = make_config(settings, train_samples=len(data.train))  # type: ignore[arg-type]
     options = LocalOptions(workers=workers, worker_processes=worker_processes,
                            redis_url=redis_url, out_dir=Path(out_dir) if out_dir else None,
-                           progress=progress, device=device, local_cluster=local_cluster)
+                           progress=progress, device=device, local_cluster=local_cluster,
+                           tensorboard=Path(tensorboard) if tensorboard else None)
     return run_local(config, options, data, Path(init_from) if init_from else None)
 
 
@@ -119,7 +127,7 @@ def _spec(value: ModelSpec | DatasetSpec) -> str:
 
 
 def run_local(config: RunConfig, options: LocalOptions, data: DataSplit | None = None,
-              init_from: Path | None = None) -> dict[str, Any]:
+              init_from: Path | None = None) -> RunSummary:
     """Run ``config`` to its end on this machine (``data``: its dataset, if loaded;
     ``init_from``: a state_dict file to start from)."""
     if options.workers < 1:
@@ -130,6 +138,8 @@ def run_local(config: RunConfig, options: LocalOptions, data: DataSplit | None =
     if not 0 <= options.local_cluster <= MAX_LOCAL_MASTERS:
         raise ConfigError("local_cluster", f"masters must be 0 (none) to {MAX_LOCAL_MASTERS}, "
                                            f"got {options.local_cluster}")
+    if options.tensorboard is not None:
+        require_tensorboard()
     data = data or load_dataset(config.dataset)
     out = options.out_dir or Path("runs") / config.run_id
     model = build_model(config.model, data.in_features, data.num_classes)
@@ -143,7 +153,8 @@ def run_local(config: RunConfig, options: LocalOptions, data: DataSplit | None =
                 _refuse_oversized_values(client, store, config)
             model_file = ModelFile(store, model, out / "model.pt")
             try:
-                _supervise(url, store, config, options, model_file)
+                with CurveRecorder(store, out / CURVES_FILE, options.tensorboard) as curves:
+                    _supervise(url, store, config, options, model_file, curves)
             except BaseException:  # Ctrl-C, SIGTERM, a failed run: keep what was learnt
                 model_file.save_on_the_way_out()
                 raise
@@ -187,7 +198,7 @@ def _refuse_oversized_values(client: redis.Redis, store: RunStore, config: RunCo
 
 
 def _supervise(url: str, store: RunStore, config: RunConfig, options: LocalOptions,
-               model_file: ModelFile) -> None:
+               model_file: ModelFile, curves: CurveRecorder) -> None:
     """Start the processes, show progress, and wait for the aggregator to end the run."""
     context = mp.get_context("spawn")
     aggregators = [context.Process(target=aggregator_main,
@@ -217,6 +228,7 @@ def _supervise(url: str, store: RunStore, config: RunConfig, options: LocalOptio
         while any(a.is_alive() for a in aggregators):
             aggregators[0].join(0.25)
             display.poll()
+            curves.poll()
             model_file.save_if_due()
             if not any(w.is_alive() for w in workers):
                 if store.state() in ENDED:  # they left because the run ended
@@ -226,6 +238,7 @@ def _supervise(url: str, store: RunStore, config: RunConfig, options: LocalOptio
                 raise GemqError("every worker process exited before the run finished; "
                                 f"codes: {[w.exitcode for w in workers]}")
         display.poll()
+        curves.poll()
         display.close()
         status = store.status()
         if status["state"] == RunState.FAILED and status.get("error"):
@@ -266,7 +279,7 @@ def _terminate(processes: list[BaseProcess]) -> None:
 
 
 def _finish(config: RunConfig, options: LocalOptions, data: DataSplit, model: nn.Module,
-            out: Path, summary: dict[str, Any]) -> dict[str, Any]:
+            out: Path, summary: dict[str, Any]) -> RunSummary:
     """Evaluate the final model (loaded by the model file) and write the summary."""
     loss = load_loss(config.loss)
     summary["train_loss"], summary["train_accuracy"] = evaluate(model, data.train, loss=loss)
@@ -274,10 +287,11 @@ def _finish(config: RunConfig, options: LocalOptions, data: DataSplit, model: nn
     summary["parameters"] = int(sum(p.numel() for p in model.parameters()))
     summary["test_samples"] = len(data.test)  # type: ignore[arg-type]
     summary["workers"] = options.workers
-    summary["config"] = config.__dict__
+    summary["config"] = config
     wall = summary["wall_time_s"]
     summary["updates_per_s"] = round(summary["updates_applied"] / wall, 2) if wall else None
-    summary["model_path"] = str(out / "model.pt")
-    summary["summary_path"] = str(out / "summary.json")
-    write_json(summary, out / "summary.json")
-    return summary
+    summary["model_path"] = out / "model.pt"
+    summary["summary_path"] = out / "summary.json"
+    result = RunSummary(**summary)
+    result.write_json()
+    return result

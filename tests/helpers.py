@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,9 +17,10 @@ import numpy as np
 import redis
 
 from gemq import codec
+from gemq.aggregator import Aggregator, AggregatorOptions
 from gemq.config import RunConfig
 from gemq.layout import ParamLayout
-from gemq.store import RunStore
+from gemq.store import RunState, RunStore
 
 SMALL_LAYOUT = ParamLayout.from_shapes([("w", (8, 4)), ("b", (4,))])
 
@@ -39,6 +41,32 @@ def gradient_message(store: RunStore, worker_id: str, gradient: np.ndarray,
         "samples": 8, "loss": 1.0, "layout_id": SMALL_LAYOUT.layout_id, "gradient": gradient}
     fields.update(overrides)
     return codec.encode(**fields)  # type: ignore[arg-type]
+
+
+def aggregated_run(client: redis.Redis, run_id: str = "t1", updates: int = 12) -> RunStore:
+    """A GEM run over SMALL_LAYOUT whose aggregator (a thread here) applied ``updates``
+    gradients of three workers one at a time: its metrics stream holds one entry each."""
+    store = small_run(client, run_id, budget_updates=updates)
+    shutdown = threading.Event()
+    result: list[str] = []
+    options = AggregatorOptions(lease_ms=400, idle_block_ms=20, standby_poll_s=0.05)
+    thread = threading.Thread(target=lambda: result.append(Aggregator(store, options)
+                                                           .run(shutdown)), daemon=True)
+    thread.start()
+    rng = np.random.default_rng(7)
+    try:
+        for i in range(updates):
+            worker = f"w{i % 3}"
+            gradient = rng.standard_normal(SMALL_LAYOUT.size).astype(np.float32)
+            version = max(0, store.head().version - i % 3)  # some staleness
+            store.publish_gradient(worker, gradient_message(store, worker, gradient, version))
+            wait_for(lambda n=i + 1: store.counters().get("applied", 0) == n,
+                     timeout_s=30, what=f"update {i + 1}")
+        thread.join(30)
+    finally:
+        shutdown.set()
+    assert result == [RunState.FINISHED]
+    return store
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float = 30.0,

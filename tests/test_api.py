@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import os
 from collections.abc import Iterator
@@ -9,11 +10,13 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+import redis
 import torch
 
 from gemq.embedded import EmbeddedRedis, free_port
+from gemq.export import export_curves
 from gemq.models import LogisticRegression
-from tests.helpers import GemqProcess, wait_for
+from tests.helpers import GemqProcess, aggregated_run, wait_for
 
 TOKEN = "a-test-token-of-24-chars"
 TINY = {"model": "logreg", "dataset": "digits", "batch_size": 16}
@@ -122,9 +125,29 @@ def test_api_starts_before_redis_and_becomes_ready(redis_server: EmbeddedRedis) 
 
 def test_unknown_runs_are_404(api: Service) -> None:
     with api.client() as c:
-        for path in ("/api/runs/nosuch", "/api/runs/nosuch/metrics", "/api/runs/nosuch/model"):
+        for path in ("/api/runs/nosuch", "/api/runs/nosuch/metrics", "/api/runs/nosuch/model",
+                     "/api/runs/nosuch/metrics.csv"):
             assert c.get(path).status_code == 404
         assert c.post("/api/runs/nosuch/stop").status_code == 404
+
+
+def test_metrics_csv_is_a_download_of_every_row(redis_server: EmbeddedRedis,
+                                               api: Service) -> None:
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        store = aggregated_run(client, "csv", updates=8)
+        expected = io.StringIO()
+        export_curves(store, expected, "csv")
+    finally:
+        client.close()
+    with api.client(None) as c:
+        response = c.get("/api/runs/csv/metrics.csv")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "text/csv; charset=utf-8"
+    assert response.headers["content-disposition"] == 'attachment; filename="csv-metrics.csv"'
+    assert response.text == expected.getvalue()
+    rows = list(csv.DictReader(io.StringIO(response.text)))
+    assert [int(r["updates"]) for r in rows] == list(range(1, 9))
 
 
 @pytest.mark.slow

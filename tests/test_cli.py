@@ -386,3 +386,24 @@ def test_env_can_set_the_global_verbose_flag(monkeypatch: pytest.MonkeyPatch) ->
     """The help text promises that every flag can be set as GEMQ_<FLAG>."""
     monkeypatch.setenv("GEMQ_VERBOSE", "1")
     assert cli.build_parser().parse_args(["status", "--run", "r"]).verbose is True
+
+
+# --- tab completion (the completion extra) -----------------------------------------------
+
+COMPLETE = """
+eval "$(register-python-argcomplete gemq)"
+for line in "gemq ex" "gemq export --fo" "gemq export --format "; do
+    COMP_LINE="$line" COMP_POINT=${#line}
+    _python_argcomplete gemq
+    printf '%s|' "${COMPREPLY[@]}"; echo
+done
+"""
+
+
+def test_tab_completion_in_bash_after_the_readme_command() -> None:
+    pytest.importorskip("argcomplete")
+    bin_dir = str(Path(sys.executable).parent)  # gemq and register-python-argcomplete
+    env = _clean_env(PATH=bin_dir + os.pathsep + os.environ["PATH"])
+    out = subprocess.run(["bash", "-c", COMPLETE], capture_output=True, text=True, env=env,
+                         timeout=60, check=True)
+    assert out.stdout.splitlines() == ["export |", "--format |", "csv|jsonl|"]

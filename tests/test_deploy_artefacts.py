@@ -265,6 +265,19 @@ def test_images_install_the_torch_the_constraints_pin() -> None:
     assert "pip install --no-deps ." in runs and "torch" not in _requirements()
 
 
+def test_the_images_leave_the_optional_extras_out() -> None:
+    """TensorBoard and tab completion serve people who run gemq by hand: no service image
+    installs them, nor the test extra that brings them."""
+    optional = {"tensorboard", "completion", "test"}
+    for dockerfile in DOCKERFILES.values():
+        runs = " ".join(rest for word, rest in _instructions(dockerfile) if word == "RUN")
+        extras = {e.strip() for group in re.findall(r"\.\[([^\]]*)\]", runs)
+                  for e in group.split(",")}
+        assert not extras & optional, dockerfile.name
+        assert "tensorboard" not in runs and "argcomplete" not in runs, dockerfile.name
+    assert not {_canonical(r.name) for r in _requirements()} & {"tensorboard", "argcomplete"}
+
+
 def test_the_build_context_holds_what_the_dockerfiles_copy() -> None:
     """.dockerignore is an allow-list (`*`, then `!path`): each COPY source is on it."""
     allowed = [line[1:].rstrip("/") for line in (ROOT / ".dockerignore").read_text()

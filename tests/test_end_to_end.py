@@ -26,7 +26,8 @@ SUMMARY_KEYS = {
     "run_id", "state", "updates_applied", "published", "rejected", "unused", "version",
     "staleness_mean", "staleness_max", "energy_ratio", "median_pi", "wall_time_s",
     "train_loss", "train_accuracy", "test_loss", "test_accuracy", "parameters",
-    "test_samples", "workers", "config", "model_path", "summary_path", "updates_per_s"}
+    "test_samples", "workers", "config", "model_path", "summary_path", "updates_per_s",
+    "shards"}
 
 
 def test_gemq_run_trains_the_paper_cnn(tmp_path: Path) -> None:

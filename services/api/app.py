@@ -21,7 +21,7 @@ from gemq.process import setup_logging
 
 from ..settings import LOOPBACK, ApiSettings, load
 from .guard import RequestGuard
-from .routes import events, health, metrics, run_settings, runs, series
+from .routes import curves, events, health, metrics, run_settings, runs, series
 from .routes.health import READY_TIMEOUT_S
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app = FastAPI(title="gemq", version=__version__, lifespan=lifespan,
                   description="Start, stop and watch asynchronous GEM training runs.")
     app.state.settings = settings
-    for module in (health, metrics, runs, series, run_settings, events):
+    for module in (health, metrics, runs, series, curves, run_settings, events):
         app.include_router(module.router)
     for error in TRANSIENT_ERRORS:
         app.add_exception_handler(error, _redis_unavailable)
