@@ -32,10 +32,10 @@ FORMATS = ("csv", "jsonl")
 PI_PREFIX = "pi:"
 #: Stream fields that hold whole numbers, and those that hold real numbers.
 COUNTS = ("t_ms", "updates", "applied", "rejected", "staleness_max", "active_workers")
-MEASURES = ("loss", "energy_ratio", "median_pi", "staleness_mean")
+MEASURES = ("loss", "energy_ratio", "median_pi", "staleness_mean", "e_central", "e_proxy")
 BASE_COLUMNS = ("stream_id", "t_ms", "updates", "applied", "rejected", "loss", "energy_ratio",
                 "median_pi", "staleness_mean", "staleness_max", "active_workers",
-                "updates_per_s")
+                "e_central", "e_proxy", "updates_per_s")
 #: updates_per_s: the rate over the last RATE_WINDOW_MS of wall time, left empty until the
 #: rows span RATE_MIN_SPAN_MS (web/js/series.js's rateSeries: the dashboard's chart).
 RATE_WINDOW_MS = 2000
