@@ -33,6 +33,7 @@ from gemq.keys import is_valid_worker_id
 from gemq.layout import ParamLayout
 from gemq.process import die_with_parent, graceful_shutdown, keep_freed_memory, setup_logging
 from gemq.rejections import RejectionLog, StallWatch
+from gemq.retention import release_if_ended
 from gemq.rules import TENSOR_MEDIAN_SAMPLE, Rule, make_rule, median_sample
 from gemq.snapshots import SnapshotHistory
 from gemq.store import ENDED, BatchRead, CommitPlan, ReadRequest, RunState, RunStore, now_ms
@@ -441,6 +442,8 @@ def aggregator_main(url: str, run_id: str, lease_ms: int) -> None:
     setup_logging(logging.WARNING)
     client = connect(url)
     try:
-        Aggregator(RunStore(client, run_id), AggregatorOptions(lease_ms=lease_ms)).run(shutdown)
+        store = RunStore(client, run_id)
+        final = Aggregator(store, AggregatorOptions(lease_ms=lease_ms)).run(shutdown)
+        release_if_ended(store, final)
     finally:
         client.close()

@@ -35,6 +35,7 @@ from gemq.modelfile import ModelFile
 from gemq.models import build_model
 from gemq.process import raise_on_termination
 from gemq.progress import ProgressDisplay
+from gemq.retention import release_if_ended
 from gemq.runs import create_run
 from gemq.specs import spec_of
 from gemq.store import ENDED, RunState, RunStore
@@ -128,6 +129,7 @@ def run_local(config: RunConfig, options: LocalOptions, data: DataSplit | None =
             model_file = ModelFile(store, model, out / "model.pt")
             try:
                 _supervise(url, store, config, options, model_file)
+                release_if_ended(store, store.state())  # again: workers published after it
             except BaseException:  # Ctrl-C, SIGTERM, a failed run: keep what was learnt
                 model_file.save_on_the_way_out()
                 raise
