@@ -34,6 +34,7 @@ from gemq.layout import ParamLayout
 from gemq.leadership import BatchRead, CommitPlan, Leadership, ReadRequest
 from gemq.process import die_with_parent, graceful_shutdown, keep_freed_memory, setup_logging
 from gemq.rejections import RejectionLog, StallWatch
+from gemq.retention import release_if_ended
 from gemq.rules import TENSOR_MEDIAN_SAMPLE, Rule, make_rule, median_sample
 from gemq.shards import ShardPlan
 from gemq.snapshots import SnapshotHistory, kept_versions
@@ -486,7 +487,8 @@ def aggregator_main(url: str, run_id: str, lease_ms: int, shard: int = 0) -> Non
     setup_logging(logging.WARNING)
     client = connect(url)
     try:
-        Aggregator(RunStore(client, run_id, shard),
-                   AggregatorOptions(lease_ms=lease_ms)).run(shutdown)
+        store = RunStore(client, run_id, shard)
+        final = Aggregator(store, AggregatorOptions(lease_ms=lease_ms)).run(shutdown)
+        release_if_ended(store, final)
     finally:
         client.close()

@@ -153,9 +153,21 @@ def build_parser() -> argparse.ArgumentParser:
                         help="csv (a header line, then a row per metrics entry) or jsonl (a "
                              "JSON object per row)")
 
+
+
+    rm = _command(commands, "rm", "delete a run that is not running or queued: every key "
+                  "it has in Redis", "gemq rm --run $RUN --redis-url redis://host:6379/0")
+    add_run(rm)
+    add_redis(rm, required=True)
+    rm.add_argument("--force", action="store_true",
+                    help="also a running or queued run whose aggregator and workers are gone "
+                         "(no aggregator holds its lease, no worker was heard from for the "
+                         "run's worker timeout)")
+
+
     simulate = add_simulate_parser(commands)
     _verbose(simulate, default=argparse.SUPPRESS)
-    for each in (parser, run, create, aggregator, worker, status, serve, export, simulate):
+    for each in (parser, run, create, aggregator, worker, status, serve, export, rm, simulate):
         apply_env_defaults(each, os.environ)
     return parser
 
@@ -273,6 +285,7 @@ def _cmd_aggregator(args: argparse.Namespace) -> int:
     from gemq.aggregator import AggregatorOptions, lead_shards
     from gemq.connection import connect
     from gemq.process import graceful_shutdown
+    from gemq.retention import release_if_ended
     from gemq.store import ENDED, RunStore
 
     run_id, url = _require_run(args), _require_url(args)
@@ -286,6 +299,8 @@ def _cmd_aggregator(args: argparse.Namespace) -> int:
             shards = [shards[args.shard]]
         shutdown = graceful_shutdown()
         finals = lead_shards(shards, AggregatorOptions(lease_ms=args.lease_ms), shutdown)
+        for shard, final in zip(shards, finals, strict=True):
+            release_if_ended(shard, final)
     finally:
         client.close()
     for shard, final in zip(shards, finals, strict=True):
@@ -343,6 +358,28 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_rm(args: argparse.Namespace) -> int:
+    from gemq.connection import connect
+    from gemq.errors import RunBusy
+    from gemq.retention import delete_run
+    from gemq.services.jobs import forget_job
+
+    run_id, url = _require_run(args), _require_url(args)
+    client = connect(url)
+    try:
+        deleted = delete_run(client, run_id, force=args.force)
+        forget_job(client, deleted.job_id)
+    except RunBusy as e:
+        if e.reason != "busy" or args.force:
+            raise
+        raise GemqError(f"{e}; or, if its aggregator and workers are gone, delete it with "
+                        "--force") from e
+    finally:
+        client.close()
+    print(f"deleted run {run_id} ({deleted.keys} keys)")
+    return 0
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     from gemq.connection import connect
     from gemq.export import export_to_file, export_to_stdout
@@ -372,4 +409,4 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 COMMANDS = {"run": _cmd_run, "create": _cmd_create, "aggregator": _cmd_aggregator,
             "worker": _cmd_worker, "status": _cmd_status, "serve": _cmd_serve,
-            "export": _cmd_export, "simulate": cmd_simulate}
+            "export": _cmd_export, "rm": _cmd_rm, "simulate": cmd_simulate}

@@ -48,3 +48,12 @@ class FencedError(GemqError):
 
 class SpecError(GemqError):
     """A ``module:factory`` model or dataset spec could not be imported or used."""
+
+
+class RunBusy(GemqError):
+    """A run cannot be deleted now. ``reason``: ``busy`` (running or queued), ``led`` (an
+    aggregator holds its lease) or ``workers`` (a worker may still write to it)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason

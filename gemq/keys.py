@@ -132,3 +132,12 @@ class RunKeys:
     def lease(self) -> str:
         """The aggregator lease: holds the leader's token, expires unless renewed."""
         return self._key("lease")
+
+
+def run_key_pattern(run_id: str) -> str:
+    """A SCAN MATCH pattern for every key of a run, of every shard: ``gemq:{<run>}:...`` and
+    ``gemq:{<run>/<k>}:...``. Run ids hold no glob characters, '/' or '}', so it matches no
+    other run's keys; ``run_id`` must be valid (``is_valid_run_id``)."""
+    if not is_valid_run_id(run_id):
+        raise ValueError(f"not a run id: {run_id!r}")
+    return f"gemq:{{{run_id}[}}/]*"

@@ -39,6 +39,7 @@ from gemq.models import build_model
 from gemq.process import raise_on_termination
 from gemq.progress import ProgressDisplay
 from gemq.recording import CurveRecorder
+from gemq.retention import release_if_ended
 from gemq.runs import create_run
 from gemq.snapshots import kept_versions
 from gemq.specs import spec_of
@@ -155,6 +156,8 @@ def run_local(config: RunConfig, options: LocalOptions, data: DataSplit | None =
             try:
                 with CurveRecorder(store, out / CURVES_FILE, options.tensorboard) as curves:
                     _supervise(url, store, config, options, model_file, curves)
+                for shard in store.shards():  # again: workers published after it
+                    release_if_ended(shard, store.state())
             except BaseException:  # Ctrl-C, SIGTERM, a failed run: keep what was learnt
                 model_file.save_on_the_way_out()
                 raise

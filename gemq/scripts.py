@@ -149,3 +149,24 @@ RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+
+#: KEYS: status, lease, workers (zset), config.  ARGV: force ('1' or '0'), quiet_since_ms.
+#: The first, atomic step of deleting a run (gemq/retention.py): refuses while anything may
+#: still write to the run, else deletes its status and configuration, after which every
+#: process sees the run as gone. Returns {verdict, detail, keys deleted}, the verdict one
+#: of: missing (no status, no config), led (an aggregator holds the lease: it leads the run
+#: or is finishing it), busy (running or queued; detail: the state), workers (with force: a
+#: worker was heard from since quiet_since_ms; detail: its id), claimed (detail: the rq job
+#: id, '' if none).
+CLAIM_DELETION = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state and redis.call('EXISTS', KEYS[4]) == 0 then return {'missing', '', 0} end
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'led', '', 0} end
+local job = redis.call('HGET', KEYS[1], 'job_id') or ''
+if state == 'running' or (state == 'created' and job ~= '') then
+  if ARGV[1] ~= '1' then return {'busy', state, 0} end
+  local heard = redis.call('ZRANGEBYSCORE', KEYS[3], ARGV[2], '+inf', 'LIMIT', 0, 1)
+  if #heard > 0 then return {'workers', heard[1], 0} end
+end
+return {'claimed', job, redis.call('DEL', KEYS[1], KEYS[4])}
+"""

@@ -37,6 +37,7 @@ from gemq.aggregator import Aggregator, AggregatorOptions
 from gemq.connection import TRANSIENT_ERRORS, Backoff, connect, redact
 from gemq.errors import GemqError, RunNotFound
 from gemq.process import die_with_parent, setup_logging
+from gemq.retention import release_if_ended
 from gemq.store import RunState, RunStore, run_ids
 
 from . import jobs
@@ -102,8 +103,9 @@ def watch_orphans(settings: AggregatorServiceSettings, shutdown: threading.Event
 def _lead_orphan(client: redis.Redis, run_id: str, shard: int,
                  settings: AggregatorServiceSettings, shutdown: threading.Event) -> None:
     try:
-        final = Aggregator(RunStore(client, run_id, shard),
-                           AggregatorOptions(lease_ms=settings.lease_ms)).run(shutdown)
+        store = RunStore(client, run_id, shard)
+        final = Aggregator(store, AggregatorOptions(lease_ms=settings.lease_ms)).run(shutdown)
+        release_if_ended(store, final)
         log.info("run %s shard %d: %s", run_id, shard, final)
     except GemqError as e:
         log.error("run %s shard %d: %s", run_id, shard, e)

@@ -13,10 +13,12 @@ import threading
 
 import redis
 from rq import Queue, get_current_job
+from rq.exceptions import NoSuchJobError
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from gemq.aggregator import Aggregator, AggregatorOptions
+from gemq.retention import release_if_ended
 from gemq.store import RunState, RunStore
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,19 @@ def job_state(client: redis.Redis, job_id: str | None) -> dict[str, str | None]:
             "error": error[0] if error else None}
 
 
+def forget_job(client: redis.Redis, job_id: str | None) -> None:
+    """Delete a deleted run's aggregation job from rq: its record, and its place in the
+    queue if it was still waiting there (a job that runs anyway finds no run and fails)."""
+    if not job_id:
+        return
+    try:
+        Job.fetch(job_id, connection=client, serializer=JSONSerializer).delete()
+    except NoSuchJobError:
+        return  # rq dropped it already (its result_ttl passed)
+    except Exception as e:  # a half-expired record: it expires by itself, the run is gone
+        log.warning("could not delete rq job %s: %s", job_id, e)
+
+
 def aggregate(run_id: str, lease_ms: int = 5000, shard: int = 0) -> str:
     """The job: lead one shard's aggregation until its budget is spent, the run is stopped
     or fails."""
@@ -80,8 +95,10 @@ def aggregate(run_id: str, lease_ms: int = 5000, shard: int = 0) -> str:
     try:
         final = Aggregator(store, AggregatorOptions(lease_ms=lease_ms)).run(leave)
     except Exception as e:
-        store.fail(f"{type(e).__name__}: {e}")
+        if store.exists():  # a run deleted meanwhile (gemq rm --force) stays deleted
+            store.fail(f"{type(e).__name__}: {e}")
         raise
+    release_if_ended(store, final)
     if final == "shutdown" and store.state() == RunState.CREATED:
         # Asked to leave before it ever led: only a running run without a lease is taken
         # over by the standbys, so mark it running rather than leave it waiting forever.

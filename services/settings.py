@@ -12,6 +12,7 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gemq.errors import ConfigError
+from gemq.retention import RetentionPolicy
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 PLACEHOLDER_SECRETS = {"changeme", "change-me", "secret", "token", "password", "xxx"}
@@ -46,6 +47,16 @@ class ApiSettings(_GemqSettings):
     #: example the name an ingress or a tunnel reaches it by). Other names are refused (400):
     #: the defence against DNS rebinding. With a token set and this empty, any name passes.
     allowed_hosts: str = ""
+    #: Ended runs kept in Redis, the most recently ended first; the service deletes older
+    #: ones (docs/deploy.md has the memory arithmetic). 0: no limit.
+    keep_runs: int = Field(RetentionPolicy.keep_runs, ge=0)
+    #: Ended runs are deleted this many days after they ended. 0: no limit.
+    keep_days: float = Field(RetentionPolicy.keep_days, ge=0)
+    #: Seconds between two retention sweeps (the first comes at start-up).
+    retention_interval_s: float = Field(60.0, gt=0)
+
+    def retention(self) -> RetentionPolicy:
+        return RetentionPolicy(keep_runs=self.keep_runs, keep_days=self.keep_days)
 
     def allowed_host_names(self) -> frozenset[str]:
         """GEMQ_ALLOWED_HOSTS as names: lower-cased, without spaces or a trailing dot."""

@@ -9,13 +9,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import httpx
+import numpy as np
 import pytest
 import redis
 import torch
 
+from gemq.config import RunConfig
 from gemq.embedded import EmbeddedRedis, free_port
 from gemq.export import export_curves
+from gemq.layout import ParamLayout
 from gemq.models import LogisticRegression
+from gemq.store import RunStore
 from tests.helpers import GemqProcess, aggregated_run, wait_for
 
 TOKEN = "a-test-token-of-24-chars"
@@ -226,3 +230,64 @@ def test_placeholder_token_is_refused(redis_server: EmbeddedRedis) -> None:
         assert "GEMQ_API_TOKEN" in process.output()
     finally:
         process.stop()
+
+
+def test_delete_a_run(redis_server: EmbeddedRedis, api: Service) -> None:
+    client = redis.Redis.from_url(redis_server.url)
+    aggregator: GemqProcess | None = None
+    try:
+        with api.client() as c, api.client(None) as anonymous:
+            assert c.post("/api/runs", json={"run_id": "gone", "steps": 100_000, **TINY}
+                          ).status_code == 201
+            # Queued: no aggregator service takes the job here.
+            refused = c.delete("/api/runs/gone")
+            assert refused.status_code == 409
+            assert "queued" in refused.json()["detail"]
+            aggregator = GemqProcess("aggregator", "--run", "gone", "--redis-url",
+                                     redis_server.url)
+            wait_for(lambda: c.get("/api/runs/gone").json()["state"] == "running",
+                     what="running")
+            assert c.delete("/api/runs/gone").status_code == 409
+            assert anonymous.delete("/api/runs/gone").status_code == 401
+            assert c.delete("/api/runs/nosuch").status_code == 404
+            assert c.post("/api/runs/gone/stop").status_code == 202
+            assert aggregator.wait(60) == 0, aggregator.output()
+            store = RunStore(client, "gone")
+            assert store.state() == "stopped" and len(store.kept_versions()) == 1
+            blob = c.get("/api/runs/gone/model")  # an ended run's model is still there
+            assert blob.status_code == 200
+            LogisticRegression(64, 10).load_state_dict(
+                torch.load(io.BytesIO(blob.content), weights_only=True))
+            deleted = c.delete("/api/runs/gone")
+            assert deleted.status_code == 200, deleted.text
+            assert deleted.json()["deleted"] is True and deleted.json()["keys"] >= 7
+            assert list(client.scan_iter(match="gemq:{gone*")) == []
+            assert list(client.scan_iter(match="rq:job:gemq-aggregate-gone*")) == []
+            assert client.llen("rq:queue:gemq-aggregator") == 0
+            assert c.get("/api/runs/gone").status_code == 404
+            assert c.get("/api/runs").json() == {"runs": []}
+            assert c.delete("/api/runs/gone").status_code == 404
+    finally:
+        if aggregator is not None:
+            aggregator.stop()
+        client.close()
+
+
+def test_the_service_keeps_the_newest_ended_runs(redis_server: EmbeddedRedis) -> None:
+    client = redis.Redis.from_url(redis_server.url)
+    layout = ParamLayout.from_shapes([("w", (4,))])
+    for i, state in enumerate(["finished", "running", "stopped", "failed", "finished"]):
+        store = RunStore(client, f"r{i}")
+        store.create(RunConfig.from_dict({"run_id": f"r{i}"}), layout, np.zeros(4, np.float32))
+        store.set_status(state=state, ended_ms=1000 + i)
+    client.zadd(RunStore(client, "r4").keys.versions, {"3": 3})  # an old snapshot to free
+    service = start_api(redis_server.url, GEMQ_API_TOKEN=TOKEN, GEMQ_KEEP_RUNS="2",
+                        GEMQ_RETENTION_INTERVAL_S="0.2")
+    try:
+        with service.client() as c:
+            wait_for(lambda: len(c.get("/api/runs").json()["runs"]) == 3, what="retention")
+            assert [r["run_id"] for r in c.get("/api/runs").json()["runs"]] == ["r4", "r3", "r1"]
+        assert RunStore(client, "r4").kept_versions() == [0]
+    finally:
+        service.process.stop()
+        client.close()

@@ -19,6 +19,9 @@ from gemq.cliargs import apply_env_defaults, env_name
 from gemq.connection import connect, redact
 from gemq.embedded import EmbeddedRedis, free_port
 from gemq.errors import ConfigError, RedisUnavailable
+from gemq.leadership import Leadership
+from gemq.store import RunStore
+from tests.helpers import small_run
 
 # A ConfigError or GemqError caught by main(): "gemq: error: ..."; a flag argparse refuses
 # in a subcommand: "gemq <command>: error: ...".
@@ -407,3 +410,53 @@ def test_tab_completion_in_bash_after_the_readme_command() -> None:
     out = subprocess.run(["bash", "-c", COMPLETE], capture_output=True, text=True, env=env,
                          timeout=60, check=True)
     assert out.stdout.splitlines() == ["export |", "--format |", "csv|jsonl|"]
+
+
+# --- gemq rm -------------------------------------------------------------------------------
+
+
+def test_rm_deletes_an_ended_run(redis_server: EmbeddedRedis, redis_client: redis.Redis,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    store = small_run(redis_client, "done")
+    store.set_status(state="finished")
+    result = in_process(capsys, "rm", "--run", "done", "--redis-url", redis_server.url)
+    assert (result.returncode, result.stdout, result.stderr) == (
+        0, "deleted run done (7 keys)\n", "")
+    assert list(redis_client.scan_iter()) == []
+    again = in_process(capsys, "rm", "--run", "done", "--redis-url", redis_server.url)
+    assert assert_one_error(again, 1) == "gemq: error: no run 'done' in Redis"
+
+
+def test_rm_refuses_a_running_run_and_forces_only_an_abandoned_one(
+        redis_server: EmbeddedRedis, redis_client: redis.Redis,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    store = small_run(redis_client, "live")
+    store.mark_running("an aggregator that died")
+    store.heartbeat("w1")
+    args = ("rm", "--run", "live", "--redis-url", redis_server.url)
+    line = assert_one_error(in_process(capsys, *args), 1)
+    assert line == ("gemq: error: run 'live' is running: stop it first (the dashboard, or "
+                    "POST /api/runs/live/stop); or, if its aggregator and workers are gone, "
+                    "delete it with --force")
+    line = assert_one_error(in_process(capsys, *args, "--force"), 1)
+    assert "worker 'w1' was heard from within the run's worker timeout" in line
+    assert Leadership(store, "a live aggregator", 5000).acquire()
+    line = assert_one_error(in_process(capsys, *args, "--force"), 1)
+    assert "held by an aggregator" in line and "--force" not in line
+    Leadership(store, "a live aggregator", 5000).release()
+    redis_client.zadd(store.keys.workers, {"w1": 0})  # last heard from long ago
+    result = in_process(capsys, *args, "--force")
+    assert result.returncode == 0 and result.stdout.startswith("deleted run live ("), result
+    assert list(redis_client.scan_iter()) == []
+
+
+def test_rm_needs_a_valid_run_id(redis_server: EmbeddedRedis, redis_client: redis.Redis,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    small_run(redis_client, "kept")
+    line = assert_one_error(in_process(capsys, "rm", "--run", "*", "--redis-url",
+                                       redis_server.url), 1)
+    assert line == "gemq: error: no run '*': not a valid run id"
+    line = assert_one_error(in_process(capsys, "rm", "--redis-url", redis_server.url),
+                            cli.EXIT_USAGE)
+    assert line == "gemq: error: --run: required for 'gemq rm' (or set GEMQ_RUN)"
+    assert RunStore(redis_client, "kept").exists()

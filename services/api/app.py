@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib.resources
 import logging
 from collections.abc import AsyncIterator
@@ -23,6 +25,7 @@ from ..settings import LOOPBACK, ApiSettings, load
 from .guard import RequestGuard
 from .routes import curves, events, health, metrics, run_settings, runs, series
 from .routes.health import READY_TIMEOUT_S
+from .sweeper import sweep_forever
 
 log = logging.getLogger(__name__)
 #: Socket timeout (s) of the routes' Redis commands: a command on a hung Redis fails after
@@ -38,9 +41,14 @@ def create_app(settings: ApiSettings) -> FastAPI:
         # Not waiting for Redis: the service answers /healthz at once and /readyz says
         # whether Redis is there.
         app.state.redis, app.state.probe = redis_clients(settings.redis_url)
+        sweeper = asyncio.create_task(sweep_forever(
+            app.state.redis, settings.retention(), settings.retention_interval_s))
         try:
             yield
         finally:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
             app.state.redis.close()
             app.state.probe.close()
 

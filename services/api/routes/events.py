@@ -13,6 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from gemq.connection import TRANSIENT_ERRORS
+from gemq.errors import RunNotFound
 from gemq.store import RunStore
 
 from .. import views
@@ -46,6 +47,9 @@ async def _feed(request: Request, store: RunStore, after: str) -> AsyncIterator[
         # The response has started: no 503 can be sent. Ending the stream is the signal;
         # the browser's EventSource reconnects by itself, from its Last-Event-ID.
         log.warning("events of run %s: Redis unreachable (%s); stream ended", store.run_id, e)
+    except RunNotFound:
+        # Deleted while watched: the stream ends, and the browser's reconnection gets a 404.
+        log.info("events of run %s: the run was deleted; stream ended", store.run_id)
 
 
 @router.get("/{run_id}/events", dependencies=[Reader],

@@ -1,4 +1,4 @@
-"""Runs: create, start, list, inspect, stop, metrics, model download."""
+"""Runs: create, start, list, inspect, stop, delete, metrics, model download."""
 
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ from fastapi.responses import Response
 from gemq import combine
 from gemq.config import make_config
 from gemq.data import DataSplit, load_dataset
-from gemq.errors import ConfigError, RunExists, SpecError
+from gemq.errors import ConfigError, RunBusy, RunExists, RunNotFound, SpecError
+from gemq.retention import delete_run
 from gemq.runs import create_run
 from gemq.specs import is_import_spec
 from gemq.store import ENDED, RunState, RunStore
 
-from ...jobs import enqueue_aggregation
+from ...jobs import enqueue_aggregation, forget_job
 from .. import views
 from ..deps import (
     AUTH_ERRORS,
@@ -119,6 +120,22 @@ def stop(store: Store) -> dict[str, Any]:
                                  "nothing to stop")
     store.request_stop()
     return {**views.run_summary(store), "stop_requested": True}
+
+
+@router.delete("/{run_id}", dependencies=[Writer],
+               responses={**NOT_FOUND, **AUTH_ERRORS,
+                          409: {"description": "the run is running or queued"}})
+def delete(run_id: str, client: RedisClient) -> dict[str, Any]:
+    """Delete a run that is not running or queued: every key it has in Redis, its place in
+    the run list and its rq job."""
+    try:
+        deleted = delete_run(client, run_id)
+    except RunNotFound as e:
+        raise HTTPException(404, str(e)) from e
+    except RunBusy as e:
+        raise HTTPException(409, str(e)) from e
+    forget_job(client, deleted.job_id)
+    return {"run_id": run_id, "deleted": True, "keys": deleted.keys}
 
 
 @router.get("/{run_id}/metrics", dependencies=[Reader], responses=NOT_FOUND)
