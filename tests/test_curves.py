@@ -47,7 +47,8 @@ def read_csv(text: str) -> list[dict[str, str]]:
 def test_the_header_names_the_base_columns_then_a_pi_column_per_tensor() -> None:
     assert columns(["conv.weight", "fc.bias"]) == [
         "stream_id", "t_ms", "updates", "applied", "rejected", "loss", "energy_ratio",
-        "median_pi", "staleness_mean", "staleness_max", "active_workers", "updates_per_s",
+        "median_pi", "staleness_mean", "staleness_max", "active_workers", "e_central", "e_proxy",
+        "updates_per_s",
         "pi:conv.weight", "pi:fc.bias"]
 
 
@@ -56,12 +57,13 @@ def test_a_row_is_typed_and_has_no_nan() -> None:
     fields = {"t_ms": "1000", "updates": "5", "applied": "5", "rejected": "1",
               "loss": "0.25", "energy_ratio": "nan", "median_pi": "1.5",
               "staleness_mean": "2.5", "staleness_max": "4", "active_workers": "3",
-              "pi_tensors": "[0.5, null, 2]"}
+              "e_central": "0.5", "e_proxy": "0", "pi_tensors": "[0.5, null, 2]"}
     row = rows.row("1000-0", fields)
     assert row == {"stream_id": "1000-0", "t_ms": 1000, "updates": 5, "applied": 5,
                    "rejected": 1, "loss": 0.25, "energy_ratio": None, "median_pi": 1.5,
                    "staleness_mean": 2.5, "staleness_max": 4, "active_workers": 3,
-                   "updates_per_s": None, "pi:a": 0.5, "pi:b": None, "pi:c": 2.0}
+                   "e_central": 0.5, "e_proxy": 0.0, "updates_per_s": None, "pi:a": 0.5,
+                   "pi:b": None, "pi:c": 2.0}
     assert list(row) == rows.columns
     later = rows.row("1001-0", {"t_ms": "1500", "updates": "9"})  # fields missing: None
     assert later["loss"] is None and later["pi:a"] is None
