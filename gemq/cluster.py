@@ -242,15 +242,17 @@ def _summary(view: dict[str, str]) -> str:
             f"known_nodes={view.get('cluster_known_nodes')}")
 
 
-def is_cluster(client_or_url: redis.Redis | RedisCluster | str) -> bool:
-    """Whether the Redis behind a client or URL runs in cluster mode (one INFO call)."""
+def is_cluster(client_or_url: redis.Redis | RedisCluster | str, timeout_s: float = 5.0) -> bool:
+    """Whether the Redis behind a client or URL runs in cluster mode (one INFO call; for a
+    URL, RedisUnavailable if it does not answer within ``timeout_s``)."""
     if isinstance(client_or_url, RedisCluster):
         return True
     if isinstance(client_or_url, redis.Redis):
         return _cluster_enabled(client_or_url)
     url = client_or_url
     try:
-        with redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5,
+        with redis.Redis.from_url(url, socket_connect_timeout=timeout_s,
+                                  socket_timeout=timeout_s,
                                   retry=Retry(NoBackoff(), 0)) as client:
             return _cluster_enabled(client)
     except ValueError as e:

@@ -126,14 +126,22 @@ def connect(url: str, *, wait_s: float | None = 30.0, socket_timeout_s: float = 
             command_packer=ZeroCopyPacker(), socket_read_size=SOCKET_READ_SIZE)
     except ValueError as e:
         raise RedisUnavailable(f"invalid Redis URL {redact(url)!r}: {e}") from e
+    from gemq.cluster import connect_cluster, is_cluster  # it builds on this module
+
     if wait_s is not None:
         wait_until_ready(url, wait_s)
-        from gemq.cluster import connect_cluster, is_cluster  # it builds on this module
-
-        if is_cluster(client):
-            client.close()
-            return cast(redis.Redis, connect_cluster(
-                url, wait_s=None, socket_timeout_s=socket_timeout_s, retries=retries))
+        cluster = is_cluster(client)
+    else:  # asked not to wait: tell a cluster now if Redis answers at once
+        try:
+            cluster = is_cluster(url, timeout_s=1.0)
+        except RedisUnavailable as e:
+            log.warning("%s; taking it for a standalone Redis (a Redis Cluster is recognised "
+                        "only when it answers at start-up)", e)
+            cluster = False
+    if cluster:
+        client.close()
+        return cast(redis.Redis, connect_cluster(
+            url, wait_s=None, socket_timeout_s=socket_timeout_s, retries=retries))
     return client
 
 

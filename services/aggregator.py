@@ -212,17 +212,20 @@ def serve(settings: AggregatorServiceSettings) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _leave_before_work)
     start_heartbeat(settings.heartbeat_file)
-    client = connect(settings.redis_url, wait_s=float("inf"))
+    # rq works on the queue's Redis; a job reaches the runs through jobs.runs_url.
+    queue_url = settings.queue_url or settings.redis_url
+    jobs.runs_url = settings.redis_url if settings.queue_url else None
+    client = connect(queue_url, wait_s=float("inf"))
     stop = threading.Event()
     standby = threading.Thread(target=watch_orphans, args=(settings, stop), name="standby",
                                daemon=True)
     standby.start()
     name = f"gemq-aggregator-{socket.gethostname()}-{os.getpid()}"
-    log.info("aggregator service %s: waiting for jobs on %r at %s", name,
-             settings.aggregator_queue, redact(settings.redis_url))
+    log.info("aggregator service %s: waiting for jobs on %r at %s (runs at %s)", name,
+             settings.aggregator_queue, redact(queue_url), redact(settings.redis_url))
     worker = AggregatorWorker([queue(client, settings.aggregator_queue)], connection=client,
                               name=name, serializer=JSONSerializer,
-                              redis_url=settings.redis_url, standby_stop=stop)
+                              redis_url=queue_url, standby_stop=stop)
     try:
         worker.work(with_scheduler=False, logging_level="INFO")
     finally:

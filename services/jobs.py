@@ -18,6 +18,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from gemq.aggregator import Aggregator, AggregatorOptions
+from gemq.connection import connect
 from gemq.retention import release_if_ended
 from gemq.store import RunState, RunStore
 
@@ -26,6 +27,9 @@ log = logging.getLogger(__name__)
 #: Set in a work horse that is asked to leave (SIGTERM): the job commits its batch, releases
 #: the run's lease and returns. One job per horse, so one event per process.
 leave = threading.Event()
+#: The URL of the Redis holding the runs, where it is not the queue's (GEMQ_QUEUE_URL set):
+#: set by the aggregator service before it forks its work horses, never stored in a job.
+runs_url: str | None = None
 
 
 def leave_on_sigterm() -> None:
@@ -37,12 +41,14 @@ def queue(client: redis.Redis, name: str) -> Queue:
     return Queue(name, connection=client, serializer=JSONSerializer)
 
 
-def enqueue_aggregation(client: redis.Redis, queue_name: str, run_id: str,
+def enqueue_aggregation(store: RunStore, jobs: redis.Redis, queue_name: str,
                         lease_ms: int = 5000) -> str:
-    """Enqueue the run's aggregation, one job per shard; record shard 0's job id in the
-    run's status (the job the API reports) and return it."""
-    store = RunStore(client, run_id)
-    rq_queue = queue(client, queue_name)
+    """Enqueue the aggregation of ``store``'s run, one job per shard, on the rq queue
+    ``queue_name`` in the Redis ``jobs`` (the runs' own, or the plain Redis beside a Redis
+    Cluster: GEMQ_QUEUE_URL); record shard 0's job id in the run's status (the job the API
+    reports) and return it."""
+    run_id = store.run_id
+    rq_queue = queue(jobs, queue_name)
     job_ids = []
     for shard in range(store.config().shards):
         name = run_id if shard == 0 else f"{run_id}-shard-{shard}"
@@ -90,8 +96,16 @@ def aggregate(run_id: str, lease_ms: int = 5000, shard: int = 0) -> str:
     or fails."""
     job = get_current_job()
     assert job is not None, "aggregate() runs inside an rq job"
-    store = RunStore(job.connection, run_id, shard)
     leave_on_sigterm()  # installed by the service's worker already; here for any other rq worker
+    client = connect(runs_url) if runs_url else job.connection
+    try:
+        return _lead(RunStore(client, run_id, shard), lease_ms, job.id)
+    finally:
+        if client is not job.connection:
+            client.close()
+
+
+def _lead(store: RunStore, lease_ms: int, job_id: str) -> str:
     try:
         final = Aggregator(store, AggregatorOptions(lease_ms=lease_ms)).run(leave)
     except Exception as e:
@@ -102,5 +116,5 @@ def aggregate(run_id: str, lease_ms: int = 5000, shard: int = 0) -> str:
     if final == "shutdown" and store.state() == RunState.CREATED:
         # Asked to leave before it ever led: only a running run without a lease is taken
         # over by the standbys, so mark it running rather than leave it waiting forever.
-        store.mark_running(f"none (job {job.id} left before leading)")
+        store.mark_running(f"none (job {job_id} left before leading)")
     return final

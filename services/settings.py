@@ -25,15 +25,32 @@ class _GemqSettings(BaseSettings):
                            description="redis:// or rediss:// URL, password and user included")
 
 
-class ApiSettings(_GemqSettings):
+#: What GEMQ_QUEUE_URL says, for the services that use the rq queue.
+QUEUE_URL_HELP = ("Redis holding the rq queue of aggregation jobs; default: redis_url. Set it "
+                  "when redis_url is a Redis Cluster, which rq cannot use: a plain Redis "
+                  "beside the cluster holds the queue, the cluster holds the runs")
+
+
+class _QueueSettings(_GemqSettings):
+    """The settings of the services that use the rq queue of aggregation jobs."""
+
+    #: The rq queue aggregation jobs are enqueued on, and the Redis that holds it.
+    aggregator_queue: str = "gemq-aggregator"
+    queue_url: str | None = Field(None, description=QUEUE_URL_HELP)
+
+    @field_validator("queue_url")
+    @classmethod
+    def _empty_is_none(cls, url: str | None) -> str | None:
+        return url or None  # GEMQ_QUEUE_URL= (empty): the runs' Redis holds the queue
+
+
+class ApiSettings(_QueueSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     #: Bearer token for mutating endpoints; without one the API binds to loopback only.
     api_token: str | None = None
     #: GET endpoints under /api need no token (the dashboard can be watched read-only).
     open_reads: bool = True
-    #: The rq queue aggregation jobs are enqueued on.
-    aggregator_queue: str = "gemq-aggregator"
     #: Accept ``package.module:factory`` models and datasets in API requests. Off by
     #: default: importing and calling a named function is running code chosen by the caller.
     allow_import_specs: bool = False
@@ -73,8 +90,7 @@ class ApiSettings(_GemqSettings):
         return token or None
 
 
-class AggregatorServiceSettings(_GemqSettings):
-    aggregator_queue: str = "gemq-aggregator"
+class AggregatorServiceSettings(_QueueSettings):
     lease_ms: int = Field(5000, ge=100)
     #: Touched every few seconds while alive; `python -m gemq.services.probe` checks it.
     heartbeat_file: str = "/tmp/gemq-heartbeat"

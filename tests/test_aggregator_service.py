@@ -47,7 +47,7 @@ def _horse_leading(client: redis.Redis, service: GemqProcess, run_id: str) -> Ru
     """A run whose rq job the service took: its work horse holds the run's lease."""
     store = create_run(client, RunConfig(run_id=run_id, model="logreg", dataset="digits",
                                          batch_size=16, budget_updates=10**6))
-    enqueue_aggregation(client, QUEUE, run_id, lease_ms=int(LEASE_MS))
+    enqueue_aggregation(store, client, QUEUE, lease_ms=int(LEASE_MS))
     wait_for(lambda: _leader_pid(store) is not None, timeout_s=30, what="a leading horse")
     assert _leader_pid(store) != service.process.pid  # a work horse, not the service itself
     return store

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -12,8 +13,11 @@ from redis.cluster import RedisCluster
 
 from gemq.cluster import EmbeddedCluster, is_cluster
 from gemq.connection import connect
+from gemq.embedded import EmbeddedRedis
 from gemq.keys import RunKeys
 from gemq.local import train
+from tests.helpers import GemqProcess, wait_for
+from tests.test_api import start_api
 from tests.test_shards import lockstep
 
 
@@ -66,3 +70,41 @@ def test_gemq_run_on_a_private_cluster_trains_every_shard(tmp_path: object) -> N
     assert [s["applied"] for s in summary.shards] == [300, 300, 300]
     assert summary.redis == "embedded cluster of 3 masters"
     assert summary.test_accuracy is not None and summary.test_accuracy > 0.85
+
+
+@pytest.mark.slow
+def test_the_services_run_a_sharded_run_on_a_cluster_with_rq_beside_it(
+        cluster: EmbeddedCluster, redis_server: EmbeddedRedis, redis_client: redis.Redis,
+        cluster_client: redis.Redis) -> None:
+    """rq cannot use a Redis Cluster: the queue lives on a plain Redis (GEMQ_QUEUE_URL), the
+    runs on the cluster. The API enqueues one job per shard there, aggregator services take
+    them and lead each shard on the cluster, a worker service trains, the run finishes."""
+    env = {**os.environ, "GEMQ_QUEUE_URL": redis_server.url}
+    api = start_api(cluster.url, **env)
+    aggregators = [GemqProcess("aggregator", "--serve", "--redis-url", cluster.url,
+                               "--lease-ms", "1000", env=env) for _ in range(2)]
+    worker = GemqProcess("worker", "--follow", "--redis-url", cluster.url, env=env)
+    try:
+        with api.client(None) as c:
+            created = c.post("/api/runs", json={
+                "run_id": "beside", "model": "logreg", "dataset": "digits", "steps": 200,
+                "batch_size": 16, "shards": 3})
+            assert created.status_code == 201, created.text
+            jobs = {k.decode() for k in redis_client.scan_iter("rq:job:*")}
+            assert jobs == {"rq:job:gemq-aggregate-beside",
+                            "rq:job:gemq-aggregate-beside-shard-1",
+                            "rq:job:gemq-aggregate-beside-shard-2"}
+
+            def finished() -> bool:
+                return bool(c.get("/api/runs/beside").json()["state"] == "finished")
+
+            wait_for(finished, timeout_s=120, what="the run to finish: " + "\n".join(
+                p.output()[-2000:] for p in (*aggregators, worker)))
+            view = c.get("/api/runs/beside").json()
+            assert [s["applied"] for s in view["shards"]] == [200, 200, 200]
+            assert view["job"]["id"] == "gemq-aggregate-beside"
+            assert view["job"]["state"] in ("started", "finished")
+        assert not [k for k in redis_client.scan_iter("gemq:*")]  # runs: cluster
+    finally:
+        for process in (*aggregators, worker, api.process):
+            process.stop()

@@ -239,7 +239,7 @@ def test_standby_service_takes_over_when_the_job_pod_dies(redis_server: Embedded
     workers = [GemqProcess("worker", "--run", "pod", "--redis-url", url, "--worker-id",
                            f"w{i}") for i in range(2)]
     try:
-        enqueue_aggregation(redis_client, "gemq-aggregator", "pod", lease_ms=800)
+        enqueue_aggregation(store, redis_client, "gemq-aggregator", lease_ms=800)
         wait_for(lambda: store.counters().get("applied", 0) >= 300, timeout_s=60,
                  what="300 updates")
         horse = leader_pid(redis_client, store)

@@ -294,7 +294,7 @@ def run_jobs(client: redis.Redis, queue_name: str) -> None:
 
 def test_an_aggregation_job_frees_the_run_it_ends(redis_client: redis.Redis) -> None:
     store = new_run(redis_client, "job", updates=12)
-    enqueue_aggregation(redis_client, "q", "job")
+    enqueue_aggregation(store, redis_client, "q")
     run_jobs(redis_client, "q")
     assert store.state() == RunState.FINISHED
     assert store.kept_versions() == [12] and store.checkpointed_moments() == (-1, {})
@@ -304,8 +304,7 @@ def test_an_aggregation_job_of_a_deleted_run_leaves_nothing_behind(
         redis_client: redis.Redis) -> None:
     """gemq rm --force of a queued run: if an aggregator service takes the job just before
     the deletion, the job finds no run and fails; it must not write a status back."""
-    small_run(redis_client, "raced")
-    enqueue_aggregation(redis_client, "q", "raced")
+    enqueue_aggregation(small_run(redis_client, "raced"), redis_client, "q")
     delete_run(redis_client, "raced", force=True)
     run_jobs(redis_client, "q")
     assert run_keys(redis_client, "raced") == set()

@@ -194,10 +194,10 @@ def test_the_service_enqueues_one_aggregation_job_per_shard(redis_client: redis.
 
     store = create_run(redis_client, RunConfig(run_id="three", model="logreg",
                                                dataset="digits", shards=3))
-    first = enqueue_aggregation(redis_client, "gemq-test", "three")
+    first = enqueue_aggregation(store, redis_client, "gemq-test")
     assert first == "gemq-aggregate-three"
     assert sorted(queue(redis_client, "gemq-test").job_ids) == [
         "gemq-aggregate-three", "gemq-aggregate-three-shard-1", "gemq-aggregate-three-shard-2"]
-    view = views.run_view(store)
+    view = views.run_view(store, redis_client)
     assert [s["shard"] for s in view["shards"]] == [0, 1, 2]
     assert view["progress"]["updates"] == 0

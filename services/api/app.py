@@ -41,6 +41,9 @@ def create_app(settings: ApiSettings) -> FastAPI:
         # Not waiting for Redis: the service answers /healthz at once and /readyz says
         # whether Redis is there.
         app.state.redis, app.state.probe = redis_clients(settings.redis_url)
+        # rq's queue: on the runs' Redis, or on the plain Redis beside a cluster.
+        app.state.queue = (redis_clients(settings.queue_url)[0] if settings.queue_url
+                           else app.state.redis)
         sweeper = asyncio.create_task(sweep_forever(
             app.state.redis, settings.retention(), settings.retention_interval_s))
         try:
@@ -51,6 +54,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 await sweeper
             app.state.redis.close()
             app.state.probe.close()
+            app.state.queue.close()
 
     app = FastAPI(title="gemq", version=__version__, lifespan=lifespan,
                   description="Start, stop and watch asynchronous GEM training runs.")
@@ -98,8 +102,9 @@ def check_binding(settings: ApiSettings) -> None:
 def serve(settings: ApiSettings) -> None:
     check_binding(settings)
     # A malformed Redis URL is one clear error here, not a traceback from uvicorn's start-up.
-    for client in redis_clients(settings.redis_url):
-        client.close()
+    for url in filter(None, (settings.redis_url, settings.queue_url)):
+        for client in redis_clients(url):
+            client.close()
     if settings.api_token is None:
         log.warning("no GEMQ_API_TOKEN: listening on loopback only, mutations unauthenticated")
     log.info("API and dashboard on http://%s:%d (Redis %s)", settings.host, settings.port,

@@ -29,6 +29,12 @@ def get_redis(request: Request) -> redis.Redis:
     return client
 
 
+def get_queue(request: Request) -> redis.Redis:
+    """The client of the Redis holding the rq queue (GEMQ_QUEUE_URL, else the runs')."""
+    client: redis.Redis = request.app.state.queue
+    return client
+
+
 def get_probe(request: Request) -> redis.Redis:
     """The readiness probe's client: a short timeout and no retries."""
     client: redis.Redis = request.app.state.probe
@@ -37,6 +43,7 @@ def get_probe(request: Request) -> redis.Redis:
 
 Settings = Annotated[ApiSettings, Depends(get_settings)]
 RedisClient = Annotated[redis.Redis, Depends(get_redis)]
+QueueClient = Annotated[redis.Redis, Depends(get_queue)]
 ProbeClient = Annotated[redis.Redis, Depends(get_probe)]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 

@@ -68,12 +68,13 @@ def worker_view(worker_id: str, state: dict[str, str], now: int) -> dict[str, An
     }
 
 
-def run_summary(store: RunStore) -> dict[str, Any]:
+def run_summary(store: RunStore, queue: redis.Redis) -> dict[str, Any]:
+    """``queue``: the client of the Redis holding the rq queue (its job's state)."""
     status, config = store.status(), store.config()
     head = combine.slowest(combine.heads(store.shards()))
     return {
         "run_id": store.run_id, "state": status["state"],
-        "job": job_state(store.client, status.get("job_id")),
+        "job": job_state(queue, status.get("job_id")),
         "algo": config.algo, "model": config.model, "dataset": config.dataset,
         "progress": {"updates": head.updates, "budget": config.budget_updates,
                      "fraction": round(head.updates / config.budget_updates, 4)},
@@ -82,7 +83,7 @@ def run_summary(store: RunStore) -> dict[str, Any]:
     }
 
 
-def run_view(store: RunStore) -> dict[str, Any]:
+def run_view(store: RunStore, queue: redis.Redis) -> dict[str, Any]:
     shards = store.shards()
     recent = recent_metrics(store)
     latest = dict(recent[-1]) if recent else {}
@@ -90,7 +91,7 @@ def run_view(store: RunStore) -> dict[str, Any]:
         latest["updates_per_s"] = updates_per_s(recent)
     now = now_ms()
     return {
-        **run_summary(store),
+        **run_summary(store, queue),
         "config": json.loads(store.config().to_json()),
         "tensors": [t.name for t in store.layout().params],  # the heat map's rows
         "latest": latest,
@@ -103,11 +104,12 @@ def run_view(store: RunStore) -> dict[str, Any]:
     }
 
 
-def list_runs(client: redis.Redis, limit: int = 100) -> list[dict[str, Any]]:
+def list_runs(client: redis.Redis, queue: redis.Redis,
+              limit: int = 100) -> list[dict[str, Any]]:
     out = []
     for run_id in run_ids(client, limit):
         try:
-            out.append(run_summary(RunStore(client, run_id)))
+            out.append(run_summary(RunStore(client, run_id), queue))
         except RunNotFound:
             continue  # deleted behind the index's back
     return out

@@ -8,6 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import redis
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
@@ -30,15 +31,17 @@ def _event(name: str, data: Any, event_id: str | None = None) -> str:
     return f"{head}event: {name}\ndata: {json.dumps(data)}\n\n"
 
 
-def _poll(store: RunStore, after: str) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+def _poll(store: RunStore, queue: redis.Redis,
+          after: str) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
     rows = [views.metrics_row(i, row) for i, row in store.metrics_since(after, 5000)]
-    return (rows[-1]["id"] if rows else after), rows, views.run_view(store)
+    return (rows[-1]["id"] if rows else after), rows, views.run_view(store, queue)
 
 
 async def _feed(request: Request, store: RunStore, after: str) -> AsyncIterator[str]:
     try:
         while not await request.is_disconnected():
-            after, rows, view = await run_in_threadpool(_poll, store, after)
+            after, rows, view = await run_in_threadpool(_poll, store, request.app.state.queue,
+                                                        after)
             if rows:  # the id lets a reconnecting EventSource resume (Last-Event-ID)
                 yield _event("metrics", {"rows": rows}, event_id=after)
             yield _event("run", view)

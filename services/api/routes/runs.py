@@ -26,6 +26,7 @@ from ..deps import (
     AUTH_ERRORS,
     BODY_ERRORS,
     STREAM_ID,
+    QueueClient,
     Reader,
     RedisClient,
     Settings,
@@ -72,9 +73,9 @@ def _unprocessable(field: str, message: str) -> HTTPException:
 
 
 @router.get("", dependencies=[Reader])
-def list_runs(client: RedisClient) -> dict[str, Any]:
+def list_runs(client: RedisClient, queue: QueueClient) -> dict[str, Any]:
     """All runs, newest first, with their state and progress."""
-    return {"runs": views.list_runs(client)}
+    return {"runs": views.list_runs(client, queue)}
 
 
 @router.post("", status_code=201, dependencies=[Writer],
@@ -82,50 +83,51 @@ def list_runs(client: RedisClient) -> dict[str, Any]:
                         400: {"description": "the body is not valid JSON"},
                         409: {"description": "a run with this id exists"},
                         422: {"description": "invalid configuration"}})
-async def create(request: RunRequest, client: RedisClient, settings: Settings) -> dict[str, Any]:
+async def create(request: RunRequest, client: RedisClient, queue: QueueClient,
+                 settings: Settings) -> dict[str, Any]:
     """Create a run from a configuration and, unless start is false, start it."""
     store = await run_in_threadpool(_create, client, request, settings.allow_import_specs)
     if request.start:
-        enqueue_aggregation(client, settings.aggregator_queue, store.run_id)
-    return views.run_view(store)
+        enqueue_aggregation(store, queue, settings.aggregator_queue)
+    return views.run_view(store, queue)
 
 
 @router.get("/{run_id}", dependencies=[Reader], responses=NOT_FOUND)
-def get_run(store: Store) -> dict[str, Any]:
+def get_run(store: Store, queue: QueueClient) -> dict[str, Any]:
     """One run: configuration, state, job, progress, latest metrics, workers."""
-    return views.run_view(store)
+    return views.run_view(store, queue)
 
 
 @router.post("/{run_id}/start", status_code=202, dependencies=[Writer],
              responses={**NOT_FOUND, **AUTH_ERRORS,
                         409: {"description": "already started or ended"}})
-def start(store: Store, client: RedisClient, settings: Settings) -> dict[str, Any]:
+def start(store: Store, queue: QueueClient, settings: Settings) -> dict[str, Any]:
     """Enqueue the aggregation job of a created run."""
     status = store.status()
     if status["state"] != RunState.CREATED or status.get("job_id"):
         raise HTTPException(409, f"run {store.run_id!r} is {status['state']} and was "
                                  "already started")
-    enqueue_aggregation(client, settings.aggregator_queue, store.run_id)
-    return views.run_summary(store)
+    enqueue_aggregation(store, queue, settings.aggregator_queue)
+    return views.run_summary(store, queue)
 
 
 @router.post("/{run_id}/stop", status_code=202, dependencies=[Writer],
              responses={**NOT_FOUND, **AUTH_ERRORS,
                         409: {"description": "the run has already ended"}})
-def stop(store: Store) -> dict[str, Any]:
+def stop(store: Store, queue: QueueClient) -> dict[str, Any]:
     """Ask the aggregator to finish its batch, commit and mark the run stopped."""
     state = store.state()
     if state in ENDED:
         raise HTTPException(409, f"run {store.run_id!r} has already ended ({state}); "
                                  "nothing to stop")
     store.request_stop()
-    return {**views.run_summary(store), "stop_requested": True}
+    return {**views.run_summary(store, queue), "stop_requested": True}
 
 
 @router.delete("/{run_id}", dependencies=[Writer],
                responses={**NOT_FOUND, **AUTH_ERRORS,
                           409: {"description": "the run is running or queued"}})
-def delete(run_id: str, client: RedisClient) -> dict[str, Any]:
+def delete(run_id: str, client: RedisClient, queue: QueueClient) -> dict[str, Any]:
     """Delete a run that is not running or queued: every key it has in Redis, its place in
     the run list and its rq job."""
     try:
@@ -134,7 +136,7 @@ def delete(run_id: str, client: RedisClient) -> dict[str, Any]:
         raise HTTPException(404, str(e)) from e
     except RunBusy as e:
         raise HTTPException(409, str(e)) from e
-    forget_job(client, deleted.job_id)
+    forget_job(queue, deleted.job_id)
     return {"run_id": run_id, "deleted": True, "keys": deleted.keys}
 
 
