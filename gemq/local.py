@@ -25,9 +25,9 @@ from torch import nn
 
 from gemq import codec
 from gemq.aggregator import aggregator_main
-from gemq.cluster import EmbeddedCluster, is_cluster
+from gemq.cluster import EmbeddedCluster
 from gemq.config import USER_SETTINGS, RunConfig, make_config, validate_settings
-from gemq.connection import connect, redact
+from gemq.connection import connect, is_cluster, redact
 from gemq.curves import CURVES_FILE
 from gemq.data import DataSplit, load_dataset
 from gemq.embedded import EmbeddedRedis

@@ -11,8 +11,8 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from gemq.cluster import EmbeddedCluster, is_cluster
-from gemq.connection import connect
+from gemq.cluster import EmbeddedCluster
+from gemq.connection import connect, is_cluster
 from gemq.embedded import EmbeddedRedis
 from gemq.keys import RunKeys
 from gemq.local import train
