@@ -3,7 +3,7 @@
 A message is two msgpack objects back to back:
 
 1. a header array ``[format, run_id, worker_id, param_version, samples, loss, dtype,
-   layout_id]``;
+   layout_id, accuracy]``, whose last field is optional (see ACCURACY below);
 2. a msgpack ``bin`` holding the flat little-endian gradient: float32, or, when the run asks
    for half the bytes, float16 or bfloat16 (the upper 16 bits of a float32, rounded to
    nearest even: float32's range with 8 bits of mantissa).
@@ -12,6 +12,14 @@ Decoding reads the header with msgpack and the ``bin`` length by hand, so a floa
 is a ``numpy.frombuffer`` view of the message bytes: no copy. 16-bit payloads are widened to
 float32 once, here, so that every check and every rule works on float32. There is no pickle
 anywhere.
+
+ACCURACY, the share of the gradient's minibatch its model classified right, came after the
+first readers: a header of 8 fields (an older sender) or with nil there carries none, and a
+reader accepts both. A 9th field that is neither nil nor a number makes the header
+malformed; a number that is not within [0, 1] (NaN included) is a bad header, so the
+gradient is refused like one with a non-finite loss: a sender that miscounts its minibatch
+is not trusted with the parameters either. An aggregator older than the field refuses
+9-field headers as malformed: upgrade aggregators before workers.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import msgpack
 import numpy as np
@@ -33,8 +41,10 @@ WIRE_DTYPES: dict[str, np.dtype[Any]] = {"float32": np.dtype("<f4"), "float16": 
                                          "bfloat16": np.dtype("<u2")}
 #: Bytes of message allowed beyond the payload (the header is about 100 bytes).
 HEADER_ALLOWANCE = 64 * 1024
-_HEADER_FIELDS = 8
-#: The longest header possible: 8 fields, none longer than 256 bytes plus its tag.
+_HEADER_FIELDS = 9
+#: Headers from senders that predate the accuracy field.
+_LEGACY_HEADER_FIELDS = 8
+#: The longest header possible: 9 fields, none longer than 256 bytes plus its tag.
 _HEADER_MAX_BYTES = 1 + _HEADER_FIELDS * (256 + 9)
 _MAX_VERSION = 2**62
 
@@ -75,6 +85,7 @@ class GradientMessage:
     dtype: str
     layout_id: str
     gradient: np.ndarray  # float32, read-only (a view into the message bytes for float32)
+    accuracy: float | None = None  # in [0, 1]; None: the sender measured none
 
 
 @dataclass(frozen=True)
@@ -94,8 +105,10 @@ class Expected:
 
 
 def encode(*, run_id: str, worker_id: str, param_version: int, samples: int, loss: float,
-           layout_id: str, gradient: np.ndarray, dtype: str = "float32") -> bytes:
-    """Encode one gradient; ``gradient`` is flat and is cast to the wire dtype.
+           layout_id: str, gradient: np.ndarray, dtype: str = "float32",
+           accuracy: float | None = None) -> bytes:
+    """Encode one gradient; ``gradient`` is flat and is cast to the wire dtype. Without an
+    ``accuracy`` the header is the 8-field one, which every reader accepts.
 
     The payload is copied once, into the message (a float32 gradient is not converted).
     """
@@ -106,6 +119,8 @@ def encode(*, run_id: str, worker_id: str, param_version: int, samples: int, los
     payload = memoryview(elements).cast("B")  # type: ignore[arg-type]
     header = [FORMAT_VERSION, run_id, worker_id, int(param_version), int(samples),
               float(loss), dtype, layout_id]
+    if accuracy is not None:
+        header.append(float(accuracy))
     return b"".join((msgpack.packb(header), _bin_header(len(payload)), payload))
 
 
@@ -170,13 +185,18 @@ def _read_header(message: bytes | bytearray | memoryview) -> tuple[list[object],
         header = unpacker.unpack()
     except Exception as e:  # msgpack raises a zoo of types on garbage; all mean one thing
         raise CodecError(MALFORMED, f"header is not valid msgpack ({type(e).__name__})") from e
-    if not isinstance(header, list) or len(header) != _HEADER_FIELDS:
-        raise CodecError(MALFORMED, "header is not an array of 8 fields")
+    if not isinstance(header, list) or len(header) not in (_LEGACY_HEADER_FIELDS,
+                                                           _HEADER_FIELDS):
+        raise CodecError(MALFORMED, "header is not an array of 8 or 9 fields")
+    if len(header) == _LEGACY_HEADER_FIELDS:
+        header.append(None)
+    elif header[-1] is not None and not _is_number(header[-1]):
+        raise CodecError(MALFORMED, f"header's 9th field {header[-1]!r} is not an accuracy")
     return header, unpacker.tell()
 
 
 def _check_header(header: list[object], expected: Expected) -> dict[str, Any]:
-    fmt, run_id, worker_id, version, samples, loss, dtype, layout_id = header
+    fmt, run_id, worker_id, version, samples, loss, dtype, layout_id, accuracy = header
     if not _is_int(fmt, FORMAT_VERSION, FORMAT_VERSION):
         raise CodecError(BAD_FORMAT, f"format version {fmt!r}, this reader speaks "
                                      f"{FORMAT_VERSION}")
@@ -185,8 +205,10 @@ def _check_header(header: list[object], expected: Expected) -> dict[str, Any]:
     if not _is_int(version, 0, _MAX_VERSION) or not _is_int(samples, 1, 2**31):
         raise CodecError(BAD_HEADER, f"param_version {version!r} or samples {samples!r} "
                                      "out of range")
-    if not isinstance(loss, float | int) or isinstance(loss, bool) or not math.isfinite(loss):
+    if not _is_number(loss) or not math.isfinite(loss):
         raise CodecError(BAD_HEADER, f"loss {loss!r} is not a finite number")
+    if accuracy is not None and not (_is_number(accuracy) and 0.0 <= accuracy <= 1.0):
+        raise CodecError(BAD_HEADER, f"accuracy {accuracy!r} is not within [0, 1]")
     if run_id != expected.run_id:
         raise CodecError(WRONG_RUN, f"message for run {run_id!r}, expected "
                                     f"{expected.run_id!r}")
@@ -195,7 +217,8 @@ def _check_header(header: list[object], expected: Expected) -> dict[str, Any]:
     if dtype != expected.dtype:
         raise CodecError(WRONG_DTYPE, f"dtype {dtype!r}, this run expects {expected.dtype!r}")
     return {"run_id": run_id, "worker_id": worker_id, "param_version": version,
-            "samples": samples, "loss": float(loss), "dtype": dtype, "layout_id": layout_id}
+            "samples": samples, "loss": float(loss), "dtype": dtype, "layout_id": layout_id,
+            "accuracy": None if accuracy is None else float(accuracy)}
 
 
 def _check_values(gradient: np.ndarray) -> None:
@@ -209,6 +232,10 @@ def _check_values(gradient: np.ndarray) -> None:
     if not np.isfinite(gradient).all():
         raise CodecError(NON_FINITE, "gradient holds NaN or Inf")
     raise CodecError(OUT_OF_RANGE, f"gradient element beyond +-{MAX_ABS_GRADIENT:g}")
+
+
+def _is_number(value: object) -> TypeGuard[float | int]:
+    return isinstance(value, float | int) and not isinstance(value, bool)
 
 
 def _is_int(value: object, low: int, high: int) -> bool:

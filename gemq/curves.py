@@ -5,7 +5,8 @@ applied updates), in one format for every writer: a local run's ``metrics.csv``,
 Columns, in order (``columns()``): the stream id; ``t_ms``, the commit's wall time in ms
 since the Unix epoch; ``updates``, updates applied so far (the dashboard's x axis);
 ``applied`` and ``rejected`` in that commit; ``loss``, the mean training loss of its
-gradients; ``energy_ratio``, ``median_pi``; ``staleness_mean`` and ``staleness_max``, in
+gradients; ``accuracy``, the mean training accuracy of their minibatches (where the targets
+are class indices); ``energy_ratio``, ``median_pi``; ``staleness_mean`` and ``staleness_max``, in
 updates; ``active_workers``; ``updates_per_s`` as the dashboard computes it; then
 ``pi:<tensor>``, the median pi of each parameter tensor, which the aggregator samples about
 once a second (empty between samples). A value that is missing or not a number is None
@@ -32,10 +33,10 @@ FORMATS = ("csv", "jsonl")
 PI_PREFIX = "pi:"
 #: Stream fields that hold whole numbers, and those that hold real numbers.
 COUNTS = ("t_ms", "updates", "applied", "rejected", "staleness_max", "active_workers")
-MEASURES = ("loss", "energy_ratio", "median_pi", "staleness_mean", "e_central", "e_proxy")
-BASE_COLUMNS = ("stream_id", "t_ms", "updates", "applied", "rejected", "loss", "energy_ratio",
-                "median_pi", "staleness_mean", "staleness_max", "active_workers",
-                "e_central", "e_proxy", "updates_per_s")
+MEASURES = ("loss", "accuracy", "energy_ratio", "median_pi", "staleness_mean", "e_central", "e_proxy")
+BASE_COLUMNS = ("stream_id", "t_ms", "updates", "applied", "rejected", "loss", "accuracy",
+                "energy_ratio", "median_pi", "staleness_mean", "staleness_max",
+                "active_workers", "e_central", "e_proxy", "updates_per_s")
 #: updates_per_s: the rate over the last RATE_WINDOW_MS of wall time, left empty until the
 #: rows span RATE_MIN_SPAN_MS (web/js/series.js's rateSeries: the dashboard's chart).
 RATE_WINDOW_MS = 2000

@@ -26,18 +26,24 @@ def evaluate(model: nn.Module, dataset: Dataset, batch_size: int = 1000,
         x, y = x.to(device), y.to(device)
         out = model(x)
         loss_sum += float(loss(out, y)) * len(y)  # a mean over the batch
-        classified = classified and _class_indices(out, y)
-        if classified:
-            correct += int((out.argmax(1) == y).sum())
+        hits = class_hits(out, y) if classified else None
+        classified = hits is not None
+        correct += int(hits) if hits is not None else 0
         count += len(y)
     model.train()
     mean = loss_sum / count if count else math.nan
     return mean, (correct / max(count, 1) if classified else None)
 
 
-def _class_indices(out: torch.Tensor, target: torch.Tensor) -> bool:
-    return (target.dim() == 1 and not target.dtype.is_floating_point
-            and out.dim() == 2 and out.shape[1] > 1)
+def class_hits(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor | None:
+    """How many argmax predictions of ``out`` equal ``target``, where the targets are class
+    indices (integers, one per sample, and one output per class); otherwise None. The count
+    is a 0-d tensor on ``out``'s device: reading it waits for the device, so a caller in
+    the middle of a step reads it once the step's own sync has happened."""
+    if not (target.dim() == 1 and not target.dtype.is_floating_point
+            and out.dim() == 2 and out.shape[1] > 1):
+        return None
+    return (out.detach().argmax(1) == target).sum()
 
 
 def save_state_dict(model: nn.Module, path: Path) -> Path:

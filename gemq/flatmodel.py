@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import nn
 
 from gemq.errors import ConfigError
+from gemq.evaluate import class_hits
 from gemq.layout import ParamLayout
 from gemq.losses import LossFunction, checked_loss
 from gemq.models import state_buffers
@@ -68,6 +70,19 @@ def _as_dtype(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if not dtype.is_floating_point:
         return values.round().to(dtype)
     return values.to(dtype)
+
+
+class Step(NamedTuple):
+    """What one minibatch's step computed."""
+
+    loss: float  # the mean loss of the minibatch
+    #: The share of the minibatch's samples whose argmax output is their target, from the
+    #: step's own forward pass (training mode); None where the targets are not class
+    #: indices (gemq.evaluate.class_hits).
+    accuracy: float | None
+    #: The flat output: the gradient of the parameters, then the buffers' changes. A buffer
+    #: of the FlatModel, overwritten by its next step: encode or apply it before then.
+    output: np.ndarray
 
 
 class FlatModel:
@@ -128,22 +143,21 @@ class FlatModel:
             _load_buffers(self.buffers, torch.from_numpy(
                 np.array(values[self.param_size:], dtype=np.float32)))
 
-    def gradient(self, x: torch.Tensor, y: torch.Tensor) -> tuple[float, np.ndarray]:
-        """The mean loss of one minibatch, and its flat output: the gradient of the
-        parameters, then the buffers' changes.
-
-        The array is a buffer of this object, overwritten by the next call: encode or
-        apply it before computing another.
-        """
+    def gradient(self, x: torch.Tensor, y: torch.Tensor) -> Step:
+        """One minibatch's step: its mean loss, accuracy and flat output (see Step)."""
         x = x.to(self.device, non_blocking=True)
         y = y.to(self.device, non_blocking=True)
         before = self._buffer_vector() if self.buffers else None
+        hits: list[torch.Tensor | None] = []
+
+        def loss_of(out: torch.Tensor) -> torch.Tensor:
+            hits.append(class_hits(out, y))  # the outputs the loss is computed from
+            return checked_loss(self.loss, self.loss_name, out, y)
+
         for attempt in range(self.precision.MAX_RETRIES):
             if attempt and before is not None:  # the failed try moved the running stats
                 _load_buffers(self.buffers, before)
-            loss = self.precision.backward(
-                self.model, self.params, x,
-                lambda out: checked_loss(self.loss, self.loss_name, out, y))
+            loss = self.precision.backward(self.model, self.params, x, loss_of)
             if loss is not None:
                 break
         else:
@@ -156,7 +170,9 @@ class FlatModel:
             torch.sub(self._buffer_vector(), before, out=self._out[self.param_size:])
         if self._out_host is not self._out:
             self._out_host.copy_(self._out)
-        return loss, self._out_host.numpy()
+        correct = hits[-1]  # read after the loss: the device has finished the step by then
+        accuracy = None if correct is None or not len(y) else int(correct) / len(y)
+        return Step(loss, accuracy, self._out_host.numpy())
 
     def _buffer_vector(self) -> torch.Tensor:
         return torch.cat([b.detach().reshape(-1).float() for b in self.buffers])

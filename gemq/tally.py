@@ -20,6 +20,9 @@ class UpdateTally:
     updates: int = 0
     samples: int = 0
     loss_sum: float = 0.0  # weighted by samples
+    #: Weighted by samples too, over the updates whose sender measured an accuracy only.
+    accuracy_sum: float = 0.0
+    accuracy_samples: int = 0
     e_central: float = 0.0
     e_proxy: float = 0.0
     median_pi_sum: float = 0.0
@@ -29,10 +32,13 @@ class UpdateTally:
     staleness_max: int = 0
 
     def add(self, stats: UpdateStats, loss: float, samples: int,
-            mean_pi: float = 0.0) -> None:
+            mean_pi: float = 0.0, accuracy: float | None = None) -> None:
         self.updates += 1
         self.samples += samples
         self.loss_sum += loss * samples
+        if accuracy is not None:
+            self.accuracy_sum += accuracy * samples
+            self.accuracy_samples += samples
         self.e_central += stats.e_central
         self.e_proxy += stats.e_proxy
         self.median_pi_sum += stats.median_pi
@@ -48,9 +54,12 @@ class UpdateTally:
         return self.e_central / self.e_proxy if self.e_proxy > 0 else math.nan
 
     def means(self) -> dict[str, float]:
-        """Averages per update (NaN where no update was applied)."""
+        """Averages per update (NaN where no update was applied; for the accuracy, where
+        none of the updates came with one)."""
         n = self.updates or math.nan
         return {"loss": self.loss_sum / self.samples if self.samples else math.nan,
+                "accuracy": (self.accuracy_sum / self.accuracy_samples
+                             if self.accuracy_samples else math.nan),
                 "energy_ratio": self.energy_ratio, "median_pi": self.median_pi_sum / n,
                 "mean_pi": self.mean_pi_sum / n, "staleness_mean": self.staleness_sum / n,
                 "staleness_min": math.nan if self.staleness_min is None

@@ -39,7 +39,7 @@ class CommitWindow:
             incr[name] = incr.get(name, 0) + 1
 
     def applied_update(self, msg: codec.GradientMessage, stats: UpdateStats) -> None:
-        self.tally.add(stats, msg.loss, msg.samples)
+        self.tally.add(stats, msg.loss, msg.samples, accuracy=msg.accuracy)
         self.count("applied", msg.worker_id)
         fields, incr = self._worker(msg.worker_id)
         fields.update(last_staleness=stats.staleness, last_update_ms=now_ms(),
@@ -53,6 +53,7 @@ class CommitWindow:
             "t_ms": now_ms(), "updates": updates, "applied": self.applied,
             "rejected": sum(v for k, v in self.counters.items() if k.startswith("rejected:")),
             "loss": f"{means['loss']:.6g}", "energy_ratio": f"{means['energy_ratio']:.6g}",
+            "accuracy": f"{means['accuracy']:.6g}",  # nan: no gradient of the window had one
             "median_pi": f"{means['median_pi']:.6g}",
             # The window's sums, so that a sharded run's ratio is summed over its shards.
             "e_central": f"{self.tally.e_central:.6g}", "e_proxy": f"{self.tally.e_proxy:.6g}",

@@ -135,12 +135,13 @@ class Worker:
             return True
         self._load_newer({k: v.version for k, v in enumerate(views)
                           if v.version != self.versions[k]})
-        loss, gradient = self.net.gradient(*next(self.batches))
-        messages = [codec.encode(
+        step = self.net.gradient(*next(self.batches))
+        messages = [codec.encode(  # each shard's slice carries the whole step's loss, accuracy
             run_id=self.config.run_id, worker_id=self.worker_id,
             param_version=self.versions[shard.index], samples=self.config.batch_size,
-            loss=loss, layout_id=self.shards.plan.layout_id_of(shard.index),
-            gradient=gradient[shard.slice], dtype=self.config.wire_dtype)
+            loss=step.loss, accuracy=step.accuracy,
+            layout_id=self.shards.plan.layout_id_of(shard.index),
+            gradient=step.output[shard.slice], dtype=self.config.wire_dtype)
             for shard in self.shards.plan.shards]
         # Also a heartbeat; and it brings back the views the next step starts from.
         self._next_views = self.shards.publish(self.worker_id, messages)

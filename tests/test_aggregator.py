@@ -89,6 +89,39 @@ def test_rejected_messages_never_touch_parameters(redis_client: redis.Redis) -> 
     assert redis_client.xpending(store.keys.gradients, "aggregators")["pending"] == 0
 
 
+def commit_all(leader: Leader, lead: Leadership) -> None:
+    """Read every entry of the stream and commit them in one window."""
+    raw = lead.read(100).entries
+    plan = leader.process([(i, f.get(b"m"), f.get(b"w", b"").decode()) for i, f in raw])
+    assert lead.commit(plan, leader.theta)
+
+
+def test_a_window_averages_the_accuracy_it_was_sent(redis_client: redis.Redis) -> None:
+    """Weighted by samples over the gradients that carry one; a gradient whose accuracy is
+    NaN or beyond [0, 1] is refused whole, its gradient never applied; a window without
+    any accuracy writes NaN."""
+    store = small_run(redis_client, algo="downpour", lr=1.0, budget_updates=100)
+    rng = np.random.default_rng(3)
+    grads = [rng.standard_normal(SMALL_LAYOUT.size).astype(np.float32) for _ in range(5)]
+    sent = [("w1", grads[0], 8, 0.5), ("w2", grads[1], 24, 1.0), ("w3", grads[2], 8, None),
+            ("w1", grads[3], 8, float("nan")), ("w2", grads[4], 8, 1.5)]
+    leader, lead = Leader(store, store.config(), store.layout()), Leadership(store, "t", 5000)
+    assert lead.acquire()
+    for worker, g, samples, accuracy in sent:
+        store.publish_gradient(worker, gradient_message(store, worker, g, version=0,
+                                                        samples=samples, accuracy=accuracy))
+    commit_all(leader, lead)
+    np.testing.assert_allclose(params(store), -(grads[0] + grads[1] + grads[2]), rtol=1e-6)
+    assert store.counters()["rejected:bad_header"] == 2
+    (_, row), = store.latest_metrics(1)
+    assert float(row["accuracy"]) == pytest.approx((0.5 * 8 + 1.0 * 24) / 32)
+    assert float(row["loss"]) == 1.0  # every message's loss: samples ignore the accuracy
+    store.publish_gradient("w3", gradient_message(store, "w3", grads[0]))  # no accuracy
+    commit_all(leader, lead)
+    (_, row), = store.latest_metrics(1)
+    assert row["accuracy"] == "nan" and row["applied"] == "1"
+
+
 def test_too_stale_gradient_is_rejected(redis_client: redis.Redis) -> None:
     store = small_run(redis_client, max_staleness=3, budget_updates=5)
     g = np.full(SMALL_LAYOUT.size, 0.1, np.float32)

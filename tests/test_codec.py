@@ -121,6 +121,65 @@ def test_round_trip_lower_bounds() -> None:
     assert msg.loss == 0.0 and type(msg.loss) is float
 
 
+# --------------------------------------------------------------------------------------------
+# The optional accuracy: a 9th header field.
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("accuracy", [0.0, 0.4375, 1.0])
+def test_accuracy_round_trip(dtype: str, accuracy: float) -> None:
+    data = make(dtype=dtype, accuracy=accuracy)
+    msg = decode(data, BY_DTYPE[dtype])
+    assert msg.accuracy == accuracy and type(msg.accuracy) is float
+    assert msg.loss == 0.125 and msg.samples == 64
+    np.testing.assert_array_equal(msg.gradient, widened(GRADIENT, dtype))
+    assert len(data) == len(make(dtype=dtype)) + 9  # one msgpack float64 more
+
+
+def test_a_message_without_accuracy_is_the_8_field_format() -> None:
+    """A sender with no accuracy writes what senders wrote before the field, byte for byte;
+    those messages, and a 9th field of nil, decode with accuracy None."""
+    data = make()
+    assert data == msgpack.packb(HEADER) + msgpack.packb(
+        GRADIENT.astype("<f4").tobytes(), use_bin_type=True)
+    assert make(accuracy=None) == data
+    assert decode(data, EXPECTED).accuracy is None
+    assert decode(raw([*HEADER, None]), EXPECTED).accuracy is None
+
+
+def test_integer_accuracy_on_the_wire_is_read_as_float() -> None:
+    for value in (0, 1):
+        msg = decode(raw([*HEADER, value]), EXPECTED)
+        assert msg.accuracy == float(value) and type(msg.accuracy) is float
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, -0.0625, 1.0625, -1, 2,
+                                   1e300],
+                         ids=["nan", "inf", "-inf", "below", "above", "-1", "2", "huge"])
+def test_an_accuracy_outside_0_1_is_a_bad_header(value: float) -> None:
+    assert reason(raw([*HEADER, value])) == "bad_header"
+    assert reason(make(accuracy=value)) == "bad_header"  # what a buggy sender would send
+
+
+@pytest.mark.parametrize("value", ["0.5", True, False, [0.5], b"\x00", {}],
+                         ids=["str", "true", "false", "list", "bin", "map"])
+def test_a_9th_field_that_is_not_a_number_is_malformed(value: object) -> None:
+    assert reason(raw([*HEADER, value])) == "malformed"
+
+
+def test_a_header_of_10_fields_is_malformed() -> None:
+    assert reason(raw([*HEADER, 0.5, 0.5])) == "malformed"
+    assert reason(raw([*HEADER, 0.5, None])) == "malformed"
+
+
+def test_the_accuracy_is_checked_with_the_header_before_the_run() -> None:
+    header = [*HEADER, 1.5]
+    header[FIELD["run_id"]] = "other-run"
+    assert reason(raw(header)) == "bad_header"
+    header[-1] = 0.5
+    assert reason(raw(header)) == "wrong_run"
+
+
 def test_integer_loss_on_the_wire_is_read_as_float() -> None:
     msg = decode(with_field("loss", 3), EXPECTED)  # encode() always writes a float
     assert msg.loss == 3.0 and type(msg.loss) is float
@@ -376,6 +435,7 @@ def check_outcome(data: bytes, expected: Expected) -> None:
     assert isinstance(msg.param_version, int) and msg.param_version >= 0
     assert isinstance(msg.samples, int) and msg.samples >= 1
     assert math.isfinite(msg.loss)
+    assert msg.accuracy is None or (type(msg.accuracy) is float and 0 <= msg.accuracy <= 1)
 
 
 @settings(max_examples=300, deadline=None)

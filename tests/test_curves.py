@@ -46,8 +46,8 @@ def read_csv(text: str) -> list[dict[str, str]]:
 
 def test_the_header_names_the_base_columns_then_a_pi_column_per_tensor() -> None:
     assert columns(["conv.weight", "fc.bias"]) == [
-        "stream_id", "t_ms", "updates", "applied", "rejected", "loss", "energy_ratio",
-        "median_pi", "staleness_mean", "staleness_max", "active_workers", "e_central", "e_proxy",
+        "stream_id", "t_ms", "updates", "applied", "rejected", "loss", "accuracy",
+        "energy_ratio", "median_pi", "staleness_mean", "staleness_max", "active_workers", "e_central", "e_proxy",
         "updates_per_s",
         "pi:conv.weight", "pi:fc.bias"]
 
@@ -55,12 +55,13 @@ def test_the_header_names_the_base_columns_then_a_pi_column_per_tensor() -> None
 def test_a_row_is_typed_and_has_no_nan() -> None:
     rows = CurveRows(["a", "b", "c"])
     fields = {"t_ms": "1000", "updates": "5", "applied": "5", "rejected": "1",
-              "loss": "0.25", "energy_ratio": "nan", "median_pi": "1.5",
+              "loss": "0.25", "accuracy": "0.75", "energy_ratio": "nan", "median_pi": "1.5",
               "staleness_mean": "2.5", "staleness_max": "4", "active_workers": "3",
               "e_central": "0.5", "e_proxy": "0", "pi_tensors": "[0.5, null, 2]"}
     row = rows.row("1000-0", fields)
     assert row == {"stream_id": "1000-0", "t_ms": 1000, "updates": 5, "applied": 5,
-                   "rejected": 1, "loss": 0.25, "energy_ratio": None, "median_pi": 1.5,
+                   "rejected": 1, "loss": 0.25, "accuracy": 0.75, "energy_ratio": None,
+                   "median_pi": 1.5,
                    "staleness_mean": 2.5, "staleness_max": 4, "active_workers": 3,
                    "e_central": 0.5, "e_proxy": 0.0, "updates_per_s": None, "pi:a": 0.5,
                    "pi:b": None, "pi:c": 2.0}
@@ -241,7 +242,7 @@ def test_gemq_run_writes_the_same_scalars_to_tensorboard(
     events.Reload()
     # A column with no value (the rate, when the run's rows all fall within 250 ms) has no
     # scalars; every other one has its tag.
-    tags = {"applied", "rejected", "loss", "energy_ratio", "median_pi", "staleness_mean",
+    tags = {"applied", "rejected", "loss", "accuracy", "energy_ratio", "median_pi", "staleness_mean",
             "staleness_max", "active_workers", "e_central", "e_proxy", "updates_per_s",
             "pi/net.1.weight", "pi/net.1.bias", "pi/net.3.weight", "pi/net.3.bias"}
     empty = {c.replace("pi:", "pi/") for c in rows[0] if not any(r[c] for r in rows)}

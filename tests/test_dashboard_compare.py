@@ -20,8 +20,8 @@ SMALL = {"model": "mlp", "dataset": "digits", "batch_size": 16}
 FINISHED = ("cmp-gem", "gem")  # ends before the page opens
 LIVE = ("cmp-downpour", "downpour")  # runs while it is compared, then is stopped
 #: The comparison's charts and the metric each draws.
-CHARTS = {"#compare-loss-chart": "loss", "#compare-energy-chart": "energy_ratio",
-          "#compare-staleness-chart": "staleness_mean"}
+CHARTS = {"#compare-loss-chart": "loss", "#compare-accuracy-chart": "accuracy",
+          "#compare-energy-chart": "energy_ratio", "#compare-staleness-chart": "staleness_mean"}
 
 
 def _wait_state(api: httpx.Client, run: str, state: str) -> None:
@@ -103,6 +103,7 @@ def _compare_both(page: Page, api: httpx.Client, api_url: str) -> None:
     # The finished run's lines hold exactly the API's rows; the live run's lines grow.
     for chart, key in CHARTS.items():
         assert _lines(page, chart)[FINISHED[0]] == _points(api, FINISHED[0], key), chart
+    _accuracy_is_a_share_of_every_row(page, api)
     before = _lines(page, "#compare-loss-chart")[LIVE[0]]
     page.wait_for_function(
         "([run, n]) => Number(document.querySelector("
@@ -117,6 +118,18 @@ def _compare_both(page: Page, api: httpx.Client, api_url: str) -> None:
     assert readout.inner_text().endswith(" updates")
     page.screenshot(path=str(ARTIFACTS / "dashboard-compare.png"), full_page=True)
     page.mouse.move(0, 0)
+
+
+def _accuracy_is_a_share_of_every_row(page: Page, api: httpx.Client) -> None:
+    """Digits' targets are classes: every row of the finished run has an accuracy in [0, 1]
+    (the series route's column), and its line has a point for each; the y axis is 0 to 1."""
+    series = api.get(f"/api/runs/{FINISHED[0]}/series",
+                     params={"fields": "updates,accuracy"}).json()
+    accuracy = series["columns"]["accuracy"]
+    assert series["count"] > 0 and all(a is not None and 0 <= a <= 1 for a in accuracy)
+    assert _lines(page, "#compare-accuracy-chart")[FINISHED[0]] == series["count"]
+    ticks = page.locator("#compare-accuracy-chart text.tick:not(.x-tick)").all_text_contents()
+    assert ticks and float(ticks[0]) == 0 and float(ticks[-1]) == 1, ticks
 
 
 def _axis(page: Page) -> tuple[str, list[str]]:

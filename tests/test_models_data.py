@@ -513,6 +513,31 @@ def test_flat_model_makes_every_parameter_float32_like_load_flat() -> None:
     assert {p.dtype for p in model.parameters()} == {torch.float32}
 
 
+def test_a_step_reports_its_minibatch_accuracy_where_targets_are_classes() -> None:
+    """The share of the step's own outputs whose argmax is the target (evaluate's rule);
+    None for targets that are not class indices."""
+    torch.manual_seed(3)
+    model = torch.nn.Linear(4, 3)
+    reference = torch.nn.Linear(4, 3)
+    reference.load_state_dict(model.state_dict())
+    flat = FlatModel(model)
+    x, y = torch.randn(50, 4), torch.randint(0, 3, (50,))
+    step = flat.gradient(x, y)
+    expected = float((reference(x).argmax(1) == y).float().mean())
+    assert step.accuracy == pytest.approx(expected)
+    assert step.accuracy is not None and 0.0 < step.accuracy < 1.0
+    with torch.no_grad():  # a model that always answers class 2
+        model.weight.zero_()
+        model.bias.copy_(torch.tensor([0.0, 0.0, 1.0]))
+    assert flat.gradient(x, torch.full((50,), 2)).accuracy == 1.0
+    assert flat.gradient(x, torch.zeros(50, dtype=torch.long)).accuracy == 0.0
+    regression = FlatModel(torch.nn.Linear(4, 1), loss=torch.nn.functional.mse_loss,
+                           loss_name="mse")
+    assert regression.gradient(x, torch.randn(50, 1)).accuracy is None
+    soft = flat.gradient(x, torch.softmax(torch.randn(50, 3), 1))  # probabilities as targets
+    assert soft.accuracy is None and np.isfinite(soft.loss)
+
+
 def test_flat_model_gradient_is_autograds_in_layout_order() -> None:
     """The worker step's flat gradient is each parameter's gradient, laid end to end in the
     layout's order; a parameter the forward pass skips contributes zeros."""
@@ -523,7 +548,7 @@ def test_flat_model_gradient_is_autograds_in_layout_order() -> None:
     flat = FlatModel(model)
     x, y = torch.randn(8, 784), torch.randint(0, 10, (8,))
     torch.manual_seed(2)  # the same dropout mask in both forward passes
-    loss, gradient = flat.gradient(x, y)
+    loss, _, gradient = flat.gradient(x, y)
     torch.manual_seed(2)
     expected_loss = torch.nn.functional.nll_loss(reference(x), y)
     expected_loss.backward()
@@ -533,5 +558,5 @@ def test_flat_model_gradient_is_autograds_in_layout_order() -> None:
     skipped = torch.nn.ModuleDict({"used": torch.nn.Linear(3, 2), "unused": torch.nn.Linear(3, 2)})
     partial = FlatModel(skipped)
     skipped.forward = lambda x: torch.log_softmax(skipped["used"](x), dim=1)  # type: ignore[method-assign]
-    _, gradient = partial.gradient(torch.randn(4, 3), torch.tensor([0, 1, 0, 1]))
+    _, _, gradient = partial.gradient(torch.randn(4, 3), torch.tensor([0, 1, 0, 1]))
     assert np.count_nonzero(gradient[:8]) > 0 and not gradient[8:].any()

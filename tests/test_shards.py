@@ -25,7 +25,7 @@ from gemq.layout import ParamLayout
 from gemq.leadership import Leadership
 from gemq.runs import create_run
 from gemq.shards import MAX_SHARD_BYTES, ShardPlan
-from gemq.store import RunState
+from gemq.store import RunState, RunStore
 from gemq.worker import Worker
 from tests.helpers import GemqProcess, assert_accounting_closes, wait_for
 
@@ -107,6 +107,21 @@ def test_sharded_runs_end_with_the_unsharded_runs_parameters(redis_client: redis
         else:  # element-wise too; float32 rounding is all that may differ
             np.testing.assert_allclose(sharded, whole, rtol=1e-5, atol=1e-6)
     assert not np.array_equal(whole, lockstep(redis_client, f"{algo}-0", 1, algo=algo))
+
+
+def test_every_shards_metrics_rows_carry_the_rising_minibatch_accuracy(
+        redis_client: redis.Redis) -> None:
+    """A real worker's step measures its minibatch's accuracy and sends it with each shard's
+    slice; each shard's commit (one gradient each, in lockstep) writes it into its row."""
+    steps = 60
+    lockstep(redis_client, "acc", steps, algo="gem", shards=2)
+    per_shard = [[float(row["accuracy"]) for _, row in store.metrics_since("0-0", 1000)]
+                 for store in RunStore(redis_client, "acc").shards()]
+    accuracy = per_shard[0]
+    assert per_shard[1] == accuracy and len(accuracy) == steps
+    assert all(0.0 <= a <= 1.0 and (a * 16).is_integer() for a in accuracy)  # of 16 samples
+    first, last = np.mean(accuracy[:15]), np.mean(accuracy[-15:])
+    assert last > first + 0.2, (first, last)
 
 
 def test_a_run_of_one_shard_has_exactly_the_keys_it_had_before_shards(

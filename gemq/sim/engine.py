@@ -212,12 +212,12 @@ class Simulator:
         if self._in_net != version:
             self.net.load(snapshot)
             self._in_net = version
-        loss, gradient = self.net.gradient(x, y)  # computed on s, the copy the worker read
-        stats = self.rule.apply(self.theta, gradient, snapshot, self.ids[worker], staleness)
+        step = self.net.gradient(x, y)  # computed on s, the copy the worker read
+        stats = self.rule.apply(self.theta, step.output, snapshot, self.ids[worker], staleness)
         self.updates += 1
         mean_pi = float(self.rule.last_scale().mean())
         for tally in (self.window, self.total):
-            tally.add(stats, loss, len(y), mean_pi)
+            tally.add(stats, step.loss, len(y), mean_pi, step.accuracy)
 
     def record(self) -> dict[str, float]:
         """Evaluate theta and close the current window: one curve point."""
@@ -307,9 +307,11 @@ class Simulator:
 
 
 def _curve_means(tally: UpdateTally) -> dict[str, float]:
-    """A curve row's averages (the loss of the minibatches is ``batch_loss`` there)."""
+    """A curve row's averages (the loss and accuracy of the minibatches are ``batch_loss``
+    and ``batch_accuracy`` there)."""
     means = tally.means()
     means["batch_loss"] = means.pop("loss")
+    means["batch_accuracy"] = means.pop("accuracy")
     return means
 
 

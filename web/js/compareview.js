@@ -14,6 +14,9 @@ import { xAxisOf } from "./xaxis.js";
 // averaged with its neighbours), so that several runs stay apart.
 const CHARTS = [
   { key: "loss", el: "#compare-loss-chart", readout: "#compare-loss-readout", robust: true },
+  // Runs whose targets are not classes have none: no line, as for a run with no rows.
+  { key: "accuracy", el: "#compare-accuracy-chart", readout: "#compare-accuracy-readout",
+    yDomain: [0, 1] },
   { key: "energy_ratio", el: "#compare-energy-chart", readout: "#compare-energy-readout",
     robust: true, refs: [{ y: 1, label: "1 = compliance" }] },
   { key: "staleness_mean", el: "#compare-staleness-chart", readout: "#compare-staleness-readout" },
@@ -90,6 +93,7 @@ function renderCharts(runs) {
     });
     lineChart($(chart.el), {
       series, refs: chart.refs, xZero: true, yZero: true, robust: chart.robust, hover: "all",
+      yDomain: chart.yDomain,
       xLabel: axis.label, fmtX: axis.fmtX, readout: $(chart.readout),
     });
   }

@@ -11,7 +11,7 @@ import { isOver, runSummary, state } from "./state.js";
 
 export const MAX_COMPARED = 8;
 // The x columns (updates, t_ms) and those the comparison's charts draw.
-const FIELDS = ["updates", "t_ms", "loss", "energy_ratio", "staleness_mean"];
+const FIELDS = ["updates", "t_ms", "loss", "accuracy", "energy_ratio", "staleness_mean"];
 // Okabe and Ito's colours (told apart with the common colour-vision deficiencies), yellow
 // swapped for grey, which reads better on white.
 const PALETTE = ["#0072b2", "#e69f00", "#009e73", "#cc79a7", "#d55e00", "#56b4e9", "#000000", "#8a8a8a"];

@@ -32,7 +32,8 @@ function downsample(points, maxPoints) {
 // opts: series [{name, points, cls, color, id}] (color: a stroke for a series without a
 // class; id: its line's data-series, else the name), refs [{y, label}] (dashed lines),
 // xZero and yZero (the axis starts at 0 at most), readout, hover (the index of the series
-// the readout follows, or "all"), xDomain, xLabel (default "updates"), fmtX (an x as the
+// the readout follows, or "all"), xDomain, yDomain (a fixed y range: a share's 0 to 1),
+// xLabel (default "updates"), fmtX (an x as the
 // readout says it), legend, robust (clip outliers of the followed series).
 export function lineChart(el, opts) {
   const W = Math.max(260, Math.floor(el.clientWidth || 480));
@@ -72,6 +73,7 @@ export function lineChart(el, opts) {
     }
   }
   if (opts.xDomain) [x0, x1] = opts.xDomain;
+  if (opts.yDomain) [y0, y1] = opts.yDomain;
   if (opts.xZero && x0 > 0) x0 = 0;
   if (opts.yZero && y0 > 0) y0 = 0;
   if (x1 === x0) x1 = x0 + 1;

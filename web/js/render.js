@@ -129,6 +129,14 @@ function renderCharts() {
     ],
     yZero: true, readout: $("#loss-readout"), hover: 0, xDomain, legend: true, robust: true,
   });
+  const accuracy = seriesOf(rows, "accuracy");
+  lineChart($("#accuracy-chart"), {
+    series: [
+      { name: "accuracy", points: accuracy, cls: "s-raw" },
+      { name: "smoothed", points: smooth(accuracy), cls: "s-main" },
+    ],
+    yDomain: [0, 1], readout: $("#accuracy-readout"), hover: 0, xDomain, legend: true,
+  });
   const energy = seriesOf(rows, "energy_ratio");
   lineChart($("#energy-chart"), {
     series: [
