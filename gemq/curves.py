@@ -33,7 +33,8 @@ FORMATS = ("csv", "jsonl")
 PI_PREFIX = "pi:"
 #: Stream fields that hold whole numbers, and those that hold real numbers.
 COUNTS = ("t_ms", "updates", "applied", "rejected", "staleness_max", "active_workers")
-MEASURES = ("loss", "accuracy", "energy_ratio", "median_pi", "staleness_mean", "e_central", "e_proxy")
+MEASURES = ("loss", "accuracy", "energy_ratio", "median_pi", "staleness_mean", "e_central",
+            "e_proxy")
 BASE_COLUMNS = ("stream_id", "t_ms", "updates", "applied", "rejected", "loss", "accuracy",
                 "energy_ratio", "median_pi", "staleness_mean", "staleness_max",
                 "active_workers", "e_central", "e_proxy", "updates_per_s")

@@ -47,9 +47,8 @@ def read_csv(text: str) -> list[dict[str, str]]:
 def test_the_header_names_the_base_columns_then_a_pi_column_per_tensor() -> None:
     assert columns(["conv.weight", "fc.bias"]) == [
         "stream_id", "t_ms", "updates", "applied", "rejected", "loss", "accuracy",
-        "energy_ratio", "median_pi", "staleness_mean", "staleness_max", "active_workers", "e_central", "e_proxy",
-        "updates_per_s",
-        "pi:conv.weight", "pi:fc.bias"]
+        "energy_ratio", "median_pi", "staleness_mean", "staleness_max", "active_workers",
+        "e_central", "e_proxy", "updates_per_s", "pi:conv.weight", "pi:fc.bias"]
 
 
 def test_a_row_is_typed_and_has_no_nan() -> None:
@@ -242,9 +241,9 @@ def test_gemq_run_writes_the_same_scalars_to_tensorboard(
     events.Reload()
     # A column with no value (the rate, when the run's rows all fall within 250 ms) has no
     # scalars; every other one has its tag.
-    tags = {"applied", "rejected", "loss", "accuracy", "energy_ratio", "median_pi", "staleness_mean",
-            "staleness_max", "active_workers", "e_central", "e_proxy", "updates_per_s",
-            "pi/net.1.weight", "pi/net.1.bias", "pi/net.3.weight", "pi/net.3.bias"}
+    tags = {"applied", "rejected", "loss", "accuracy", "energy_ratio", "median_pi",
+            "staleness_mean", "staleness_max", "active_workers", "e_central", "e_proxy",
+            "updates_per_s", "pi/net.1.weight", "pi/net.1.bias", "pi/net.3.weight", "pi/net.3.bias"}
     empty = {c.replace("pi:", "pi/") for c in rows[0] if not any(r[c] for r in rows)}
     assert empty <= {"updates_per_s"}
     assert set(events.Tags()["scalars"]) == tags - empty

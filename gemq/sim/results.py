@@ -18,7 +18,8 @@ from gemq.sim.options import SimOptions
 #: One row of the recorded curves: these keys, in this order (the CSV header).
 CURVE_FIELDS = ("updates", "gradients", "worker_steps", "epochs", "time", "train_loss",
                 "test_loss", "test_accuracy", "batch_loss", "batch_accuracy", "median_pi",
-                "mean_pi", "energy_ratio", "staleness_mean", "staleness_min", "staleness_max", "rejected")
+                "mean_pi", "energy_ratio", "staleness_mean", "staleness_min", "staleness_max",
+                "rejected")
 
 
 @dataclass
