@@ -296,7 +296,7 @@ def run_elastic(url: str, options: Options = Options()) -> Record:
         with tempfile.TemporaryDirectory(prefix="gemq-elastic-") as workdir, \
                 _processes(url, run_id, Path(workdir), options.niceness) as procs:
             procs.start_aggregator()
-            enqueue_aggregation(client, procs.queue, run_id)
+            enqueue_aggregation(store, client, procs.queue)
             _scale_through(store, procs, record, options)
         record.final_state = store.state()
         record.counters = store.counters()

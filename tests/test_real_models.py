@@ -327,13 +327,24 @@ def test_ctrl_c_leaves_a_model_that_a_new_run_starts_from(
     model.load_state_dict(saved)
     version, state = store.latest()
     np.testing.assert_array_equal(flat_state(model), state)  # the state at the interruption
-    summary = _run(tmp_path, "--model", "mlp", "--dataset", "digits", "--steps", "5",
-                   "--run", "second", "--redis-url", redis_server.url,
-                   "--init-from", str(out / "model.pt"))
-    assert summary["state"] == "finished"
+    created = subprocess.run([sys.executable, "-m", "gemq", "create", "--model", "mlp",
+                              "--dataset", "digits", "--run", "second", "--redis-url",
+                              redis_server.url, "--init-from", str(out / "model.pt")],
+                             capture_output=True, text=True, timeout=120)
+    assert created.returncode == 0, created.stderr
     start = RunStore(redis_client, "second").snapshot(0)
     assert start is not None
-    np.testing.assert_array_equal(start, state)  # the second run began where the first ended
+    np.testing.assert_array_equal(start, state)  # a new run begins where the first ended
+    # gemq run --init-from too: five updates on, it scores what the saved model scored (an
+    # ended run keeps only its final parameters, so its score is what can be compared).
+    data = load_dataset("digits")
+    saved_accuracy = evaluate(model, data.test)[1]
+    summary = _run(tmp_path, "--model", "mlp", "--dataset", "digits", "--steps", "5",
+                   "--run", "third", "--redis-url", redis_server.url,
+                   "--init-from", str(out / "model.pt"))
+    assert summary["state"] == "finished"
+    assert saved_accuracy is not None and saved_accuracy > 0.5
+    assert float(summary["test_accuracy"]) > saved_accuracy - 0.1  # type: ignore[arg-type]
 
 
 def test_init_from_a_file_that_does_not_fit_is_one_clear_error(tmp_path: Path) -> None:
