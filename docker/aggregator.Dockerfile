@@ -23,7 +23,7 @@ COPY services ./services
 # without it.
 RUN pip install --no-deps . \
  && python -c "import importlib.util as u; assert u.find_spec('torch') is None, 'torch'" \
- && python -c "import gemq.services.aggregator, gemq.cli"
+ && python -c "import gemq.services.aggregator, gemq.services.telemetry, gemq.cli"
 
 # ---- runtime: the environment only, as an unprivileged user ----------------------------
 FROM ${PYTHON_IMAGE}

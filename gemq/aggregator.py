@@ -39,6 +39,7 @@ from gemq.rules import TENSOR_MEDIAN_SAMPLE, Rule, make_rule, median_sample
 from gemq.shards import ShardPlan
 from gemq.snapshots import SnapshotHistory, kept_versions
 from gemq.store import ENDED, RunState, RunStore, now_ms
+from gemq.telemetry import SILENT_AGGREGATOR, AggregatorObserver
 from gemq.threads import run_together
 from gemq.window import UNKNOWN_WORKER, CommitWindow
 
@@ -62,6 +63,8 @@ class AggregatorOptions:
     idle_block_ms: int = 200
     #: How often (s) a standby tries to take the lease.
     standby_poll_s: float = 0.5
+    #: Told how long each batch took to apply and each window to commit.
+    observer: AggregatorObserver = SILENT_AGGREGATOR
 
 
 class Leader:
@@ -75,7 +78,8 @@ class Leader:
     its entries again from the pending list: exactly once either way.
     """
 
-    def __init__(self, store: RunStore, config: RunConfig, layout: ParamLayout) -> None:
+    def __init__(self, store: RunStore, config: RunConfig, layout: ParamLayout,
+                 observer: AggregatorObserver = SILENT_AGGREGATOR) -> None:
         head = store.head()
         params = store.snapshot(head.version)
         if params is None:
@@ -109,6 +113,7 @@ class Leader:
         # entries are still in the stream: close it well before they would all be waiting.
         # (The cap also keeps the commit's XACK within Lua's argument limit.)
         self._window_cap = max(1, min(config.max_pending // 2, MAX_WINDOW_ENTRIES))
+        self.observer = observer
         self._restore_moments()
 
     def _restore_moments(self) -> None:
@@ -140,6 +145,7 @@ class Leader:
 
     def absorb(self, entries: list[tuple[str, bytes | None, str | None]]) -> None:
         """Apply entries into the open window, in arrival order."""
+        started = time.perf_counter()
         self._learn_registered({sender for _, _, sender in entries if sender is not None})
         for entry_id, message, sender in entries:
             if self.budget_spent:
@@ -151,6 +157,7 @@ class Leader:
             # The newest id taken. Entries a deposed leader moved into the pending list come
             # back later, older than it: the head's last_id must not go back to them.
             self.last_id = max((self.last_id, *(e[0] for e in entries)), key=_stream_order)
+            self.observer.batch_applied(len(entries), time.perf_counter() - started)
 
     def commit_due(self) -> bool:
         """Whether the open window should be committed now, by the publication policy."""
@@ -312,7 +319,7 @@ class Aggregator:
             log.info("%s is %s; nothing to do", self.name, ended)
             return ended
         try:
-            leader = Leader(self.store, config, layout)
+            leader = Leader(self.store, config, layout, self.options.observer)
             log.info("%s: keeps %d snapshots, so gradients up to %d updates stale are "
                      "applied", self.name, leader.history.limit,
                      min(config.max_staleness, leader.history.limit - 1))
@@ -416,6 +423,7 @@ class Aggregator:
         if not committed and self.store.head().last_id != plan.last_id:
             # Not merely our own commit, re-sent after a lost reply.
             raise FencedError("the run's head moved under this aggregator")
+        self.options.observer.window_committed(len(plan.ack), time.monotonic() - started)
         if plan.checkpoint:
             leader.checkpoints.done(time.monotonic() - started)
         return read

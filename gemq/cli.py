@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gemq import __version__
+from gemq import __version__, logs
 from gemq.cliargs import (
     EXIT_USAGE,
     Parser,
@@ -191,8 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         service = (args.command == "serve" or getattr(args, "serve", False)
                    or getattr(args, "follow", False))
-        logging.basicConfig(level=logging.INFO if args.verbose or service else logging.WARNING,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        if not service:  # a service sets up its logging from GEMQ_LOG_LEVEL and GEMQ_LOG_FORMAT
+            logs.configure(logging.INFO if args.verbose else logging.WARNING)
         return int(COMMANDS[args.command](args) or 0)
     except ConfigError as e:
         print(f"gemq: error: {e}", file=sys.stderr)

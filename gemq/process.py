@@ -15,6 +15,8 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
+from gemq import logs
+
 #: prctl option (linux/prctl.h): the signal the kernel sends when the parent dies.
 _PR_SET_PDEATHSIG = 1
 #: How often (s) the fallback watchdog checks that the parent is alive.
@@ -74,8 +76,8 @@ def graceful_shutdown(*, ignore_sigint: bool = False) -> threading.Event:
 
 
 def setup_logging(level: int = logging.INFO) -> None:
-    logging.basicConfig(level=level,
-                        format="%(asctime)s %(processName)s %(levelname)s %(name)s: %(message)s")
+    """Text lines at ``level``: what a local run's processes log (gemq.logs)."""
+    logs.configure(level)
 
 
 class Terminated(BaseException):

@@ -6,6 +6,7 @@ under any id. GEM's per-worker state lives in the aggregator.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -23,11 +24,13 @@ from gemq.connection import TRANSIENT_ERRORS, Backoff, connect
 from gemq.data import DataSplit, load_dataset, minibatches, worker_seed
 from gemq.errors import GemqError, PublishRefused
 from gemq.flatmodel import FlatModel
+from gemq.logs import log_context
 from gemq.losses import load_loss
 from gemq.models import build_model, layout_of
 from gemq.process import die_with_parent, graceful_shutdown, keep_freed_memory, setup_logging
 from gemq.shardset import RunShards
 from gemq.store import ENDED, RunState, RunStore, StepView
+from gemq.telemetry import SILENT_WORKER, WorkerObserver
 from gemq.threads import run_together
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,8 @@ class WorkerOptions:
     backpressure_poll_s: float = 0.005
     #: A waiting worker still heartbeats this often (s), so it shows as alive.
     heartbeat_s: float = 1.0
+    #: Told how long each gradient took to compute and to publish.
+    observer: WorkerObserver = SILENT_WORKER
 
 
 def resolve_device(name: str) -> torch.device:
@@ -135,6 +140,7 @@ class Worker:
             return True
         self._load_newer({k: v.version for k, v in enumerate(views)
                           if v.version != self.versions[k]})
+        started = time.perf_counter()
         step = self.net.gradient(*next(self.batches))
         messages = [codec.encode(  # each shard's slice carries the whole step's loss, accuracy
             run_id=self.config.run_id, worker_id=self.worker_id,
@@ -143,8 +149,12 @@ class Worker:
             layout_id=self.shards.plan.layout_id_of(shard.index),
             gradient=step.output[shard.slice], dtype=self.config.wire_dtype)
             for shard in self.shards.plan.shards]
+        computed = time.perf_counter()
         # Also a heartbeat; and it brings back the views the next step starts from.
         self._next_views = self.shards.publish(self.worker_id, messages)
+        self.options.observer.step_computed(computed - started)
+        self.options.observer.gradient_published(sum(map(len, messages)),
+                                                 time.perf_counter() - computed)
         self._last_heartbeat = time.monotonic()
         self.steps += 1
         return True
@@ -207,8 +217,15 @@ def run_workers(store: RunStore, worker_ids: list[str], options: WorkerOptions,
     config = store.config()
     data = load_dataset(config.dataset)
     workers = [Worker(store, worker_id, config, data, options) for worker_id in worker_ids]
-    steps = run_together([(w.worker_id, w.run) for w in workers], shutdown)
+    steps = run_together([(w.worker_id, functools.partial(_run_logged, w)) for w in workers],
+                         shutdown)
     return dict(zip(worker_ids, steps, strict=True))
+
+
+def _run_logged(worker: Worker, shutdown: threading.Event) -> int:
+    """``worker.run``, its log lines marked with its run and id."""
+    with log_context(run=worker.config.run_id, worker=worker.worker_id):
+        return worker.run(shutdown)
 
 
 def worker_main(url: str, run_id: str, worker_ids: list[str], device: str,

@@ -20,9 +20,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import threading
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any, NoReturn
 
@@ -33,12 +36,14 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.worker import signal_name
 
+from gemq import logs
 from gemq.aggregator import Aggregator, AggregatorOptions
 from gemq.connection import TRANSIENT_ERRORS, Backoff, connect, redact
 from gemq.errors import GemqError, RunNotFound
-from gemq.process import die_with_parent, setup_logging
+from gemq.process import die_with_parent
 from gemq.retention import release_if_ended
 from gemq.store import RunState, RunStore, run_ids
+from gemq.telemetry import SILENT_AGGREGATOR, AggregatorObserver
 
 from . import jobs
 from .jobs import queue
@@ -52,6 +57,8 @@ log = logging.getLogger(__name__)
 SHUTDOWN_DEADLINE_S = 8.0
 #: How long the SIGTERM handler waits for Redis to accept a connection, then to answer PING.
 PING_TIMEOUT_S = 1.0
+#: prometheus_client's multiprocess mode: the directory where each process writes its values.
+MULTIPROCESS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 WITHOUT_COMMIT = ("leaving without a final commit; a run led here is taken over by another "
                   "aggregator once its lease expires")
 
@@ -71,7 +78,8 @@ def orphaned_shards(client: redis.Redis) -> list[tuple[str, int]]:
     return orphans
 
 
-def watch_orphans(settings: AggregatorServiceSettings, shutdown: threading.Event) -> None:
+def watch_orphans(settings: AggregatorServiceSettings, shutdown: threading.Event,
+                  observer: AggregatorObserver = SILENT_AGGREGATOR) -> None:
     """Lead every orphaned shard, one thread each, until ``shutdown``; then let each finish
     its batch and release its lease."""
     client = connect(settings.redis_url, wait_s=float("inf"))
@@ -91,7 +99,8 @@ def watch_orphans(settings: AggregatorServiceSettings, shutdown: threading.Event
                     log.warning("run %s shard %d is running without an aggregator; taking "
                                 "it over", run_id, shard)
                     leading[run_id, shard] = threading.Thread(
-                        target=_lead_orphan, args=(client, run_id, shard, settings, shutdown),
+                        target=_lead_orphan,
+                        args=(client, run_id, shard, settings, shutdown, observer),
                         name=f"standby-{run_id}-{shard}", daemon=True)
                     leading[run_id, shard].start()
         for thread in leading.values():
@@ -101,14 +110,17 @@ def watch_orphans(settings: AggregatorServiceSettings, shutdown: threading.Event
 
 
 def _lead_orphan(client: redis.Redis, run_id: str, shard: int,
-                 settings: AggregatorServiceSettings, shutdown: threading.Event) -> None:
-    try:
-        store = RunStore(client, run_id, shard)
-        final = Aggregator(store, AggregatorOptions(lease_ms=settings.lease_ms)).run(shutdown)
-        release_if_ended(store, final)
-        log.info("run %s shard %d: %s", run_id, shard, final)
-    except GemqError as e:
-        log.error("run %s shard %d: %s", run_id, shard, e)
+                 settings: AggregatorServiceSettings, shutdown: threading.Event,
+                 observer: AggregatorObserver) -> None:
+    options = AggregatorOptions(lease_ms=settings.lease_ms, observer=observer)
+    with logs.log_context(run=run_id):
+        try:
+            store = RunStore(client, run_id, shard)
+            final = Aggregator(store, options).run(shutdown)
+            release_if_ended(store, final)
+            log.info("run %s shard %d: %s", run_id, shard, final)
+        except GemqError as e:
+            log.error("run %s shard %d: %s", run_id, shard, e)
 
 
 class AggregatorWorker(Worker):
@@ -209,16 +221,23 @@ def _leave_before_work(signum: int, frame: FrameType | None) -> NoReturn:
 
 
 def serve(settings: AggregatorServiceSettings) -> None:
+    logs.configure(settings.log_level, settings.log_format)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _leave_before_work)
     start_heartbeat(settings.heartbeat_file)
+    with _metrics(settings.metrics_port) as observer:
+        jobs.observer = observer  # rq's work horses are forked from here: they inherit it
+        _work(settings, observer)
+
+
+def _work(settings: AggregatorServiceSettings, observer: AggregatorObserver) -> None:
     # rq works on the queue's Redis; a job reaches the runs through jobs.runs_url.
     queue_url = settings.queue_url or settings.redis_url
     jobs.runs_url = settings.redis_url if settings.queue_url else None
     client = connect(queue_url, wait_s=float("inf"))
     stop = threading.Event()
-    standby = threading.Thread(target=watch_orphans, args=(settings, stop), name="standby",
-                               daemon=True)
+    standby = threading.Thread(target=watch_orphans, args=(settings, stop, observer),
+                               name="standby", daemon=True)
     standby.start()
     name = f"gemq-aggregator-{socket.gethostname()}-{os.getpid()}"
     log.info("aggregator service %s: waiting for jobs on %r at %s (runs at %s)", name,
@@ -227,15 +246,35 @@ def serve(settings: AggregatorServiceSettings) -> None:
                               name=name, serializer=JSONSerializer,
                               redis_url=queue_url, standby_stop=stop)
     try:
-        worker.work(with_scheduler=False, logging_level="INFO")
+        worker.work(with_scheduler=False, logging_level=settings.log_level)
     finally:
         stop.set()
         standby.join(SHUTDOWN_DEADLINE_S)  # its leaders commit and release their leases
         client.close()
 
 
+@contextlib.contextmanager
+def _metrics(port: int | None) -> Iterator[AggregatorObserver]:
+    """The service's /metrics on ``port`` (none without one), and the observer whose
+    histograms it serves, summed over this process and its work horses."""
+    if port is None:
+        yield SILENT_AGGREGATOR
+        return
+    directory = tempfile.mkdtemp(prefix="gemq-metrics-")
+    try:
+        # Read by prometheus_client when first imported, just below: every process of the
+        # service then keeps its metric values in a file of its own in the directory.
+        os.environ[MULTIPROCESS_DIR_VARIABLE] = directory
+        from . import telemetry
+
+        observer = telemetry.serve_aggregator_metrics(port)
+        log.info("aggregator metrics on http://%s:%d/metrics", telemetry.LISTEN_ADDRESS, port)
+        yield observer
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def main() -> None:
-    setup_logging()
     serve(load(AggregatorServiceSettings))
 
 

@@ -17,10 +17,12 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
+from gemq import logs
 from gemq.aggregator import Aggregator, AggregatorOptions
 from gemq.connection import connect
 from gemq.retention import release_if_ended
 from gemq.store import RunState, RunStore
+from gemq.telemetry import SILENT_AGGREGATOR, AggregatorObserver
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,9 @@ leave = threading.Event()
 #: The URL of the Redis holding the runs, where it is not the queue's (GEMQ_QUEUE_URL set):
 #: set by the aggregator service before it forks its work horses, never stored in a job.
 runs_url: str | None = None
+#: Told of every batch the jobs of this process apply and commit: the aggregator service
+#: sets it before rq forks the work horses, which inherit it.
+observer: AggregatorObserver = SILENT_AGGREGATOR
 
 
 def leave_on_sigterm() -> None:
@@ -107,7 +112,9 @@ def aggregate(run_id: str, lease_ms: int = 5000, shard: int = 0) -> str:
 
 def _lead(store: RunStore, lease_ms: int, job_id: str) -> str:
     try:
-        final = Aggregator(store, AggregatorOptions(lease_ms=lease_ms)).run(leave)
+        with logs.log_context(run=store.run_id):
+            final = Aggregator(store, AggregatorOptions(lease_ms=lease_ms,
+                                                        observer=observer)).run(leave)
     except Exception as e:
         if store.exists():  # a run deleted meanwhile (gemq rm --force) stays deleted
             store.fail(f"{type(e).__name__}: {e}")

@@ -6,12 +6,13 @@ Kubernetes manifests are checked against them).
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gemq.errors import ConfigError
+from gemq.logs import LEVELS
 from gemq.retention import RetentionPolicy
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
@@ -23,6 +24,17 @@ class _GemqSettings(BaseSettings):
 
     redis_url: str = Field("redis://127.0.0.1:6379/0",
                            description="redis:// or rediss:// URL, password and user included")
+    #: Records below this level are dropped: DEBUG, INFO, WARNING, ERROR or CRITICAL.
+    log_level: str = "INFO"
+    #: text: one readable line per record; json: one JSON object per line (gemq.logs).
+    log_format: Literal["text", "json"] = "text"
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, level: str) -> str:
+        if level.strip().upper() not in LEVELS:
+            raise ValueError(f"must be one of {', '.join(LEVELS)}")
+        return level.strip().upper()
 
 
 #: What GEMQ_QUEUE_URL says, for the services that use the rq queue.
@@ -90,7 +102,13 @@ class ApiSettings(_QueueSettings):
         return token or None
 
 
+#: Port of a service's own Prometheus endpoint (GET /metrics: its batch or step timings,
+#: gemq/services/telemetry.py); unset: no endpoint. The Kubernetes manifests use 9110.
+MetricsPort = Annotated[int | None, Field(ge=1, le=65535)]
+
+
 class AggregatorServiceSettings(_QueueSettings):
+    metrics_port: MetricsPort = None
     lease_ms: int = Field(5000, ge=100)
     #: Touched every few seconds while alive; `python -m gemq.services.probe` checks it.
     heartbeat_file: str = "/tmp/gemq-heartbeat"
@@ -102,6 +120,7 @@ class WorkerServiceSettings(_GemqSettings):
     #: Join only this run; default: whichever run is running, newest first.
     run: str | None = None
     device: str = "cpu"
+    metrics_port: MetricsPort = None
     #: How often (s) an idle worker service looks for a running run.
     poll_s: float = Field(1.0, gt=0)
     #: Touched every few seconds while alive; `python -m gemq.services.probe` checks it.

@@ -14,10 +14,12 @@ import threading
 import redis
 import torch
 
+from gemq import logs
 from gemq.connection import TRANSIENT_ERRORS, Backoff, connect, redact
 from gemq.errors import GemqError, RunNotFound
-from gemq.process import graceful_shutdown, setup_logging
+from gemq.process import graceful_shutdown
 from gemq.store import RunState, RunStore, run_ids
+from gemq.telemetry import SILENT_WORKER, WorkerObserver
 from gemq.worker import WorkerOptions, run_workers
 
 from .probe import start_heartbeat
@@ -39,9 +41,11 @@ def running_run(client: redis.Redis, only: str | None = None) -> str | None:
 
 
 def follow(settings: WorkerServiceSettings, shutdown: threading.Event) -> None:
+    logs.configure(settings.log_level, settings.log_format)
     if settings.workers > 1:
         torch.set_num_threads(1)  # one thread per logical worker
     start_heartbeat(settings.heartbeat_file, stop=shutdown)
+    options = WorkerOptions(settings.device, observer=_metrics(settings.metrics_port))
     client = connect(settings.redis_url, wait_s=float("inf"), retries=0)
     prefix = f"{socket.gethostname()}-{os.getpid()}"
     ids = [prefix] if settings.workers == 1 else [f"{prefix}-{i}"
@@ -60,17 +64,18 @@ def follow(settings: WorkerServiceSettings, shutdown: threading.Event) -> None:
             if run_id is None:
                 shutdown.wait(settings.poll_s)
                 continue
-            _work_on(client, run_id, ids, settings, shutdown)
+            with logs.log_context(run=run_id):
+                _work_on(client, run_id, ids, settings, options, shutdown)
     finally:
         client.close()
 
 
 def _work_on(client: redis.Redis, run_id: str, ids: list[str],
-             settings: WorkerServiceSettings, shutdown: threading.Event) -> None:
+             settings: WorkerServiceSettings, options: WorkerOptions,
+             shutdown: threading.Event) -> None:
     log.info("joining run %s", run_id)
     try:
-        steps = run_workers(RunStore(client, run_id), ids, WorkerOptions(settings.device),
-                            shutdown)
+        steps = run_workers(RunStore(client, run_id), ids, options, shutdown)
         log.info("run %s over for us: %d gradients published", run_id, sum(steps.values()))
     except TRANSIENT_ERRORS as e:
         log.warning("lost Redis while joining run %s (%s); looking again", run_id, e)
@@ -85,8 +90,19 @@ def _wait_until_not_running(client: redis.Redis, run_id: str,
         shutdown.wait(settings.poll_s)
 
 
+def _metrics(port: int | None) -> WorkerObserver:
+    """The service's /metrics on ``port`` (none without one), and the observer whose
+    histograms it serves."""
+    if port is None:
+        return SILENT_WORKER
+    from . import telemetry  # prometheus_client only where metrics are served
+
+    observer = telemetry.serve_worker_metrics(port)
+    log.info("worker metrics on http://%s:%d/metrics", telemetry.LISTEN_ADDRESS, port)
+    return observer
+
+
 def main() -> None:
-    setup_logging()
     follow(load(WorkerServiceSettings), graceful_shutdown())
 
 

@@ -208,6 +208,19 @@ def test_the_api_ports_and_paths_line_up(manifests: Manifests) -> None:
     assert int(annotations["prometheus.io/port"]) == port["containerPort"]
 
 
+@pytest.mark.parametrize("workload", ["gemq-aggregator", "gemq-worker"])
+def test_the_services_metrics_ports_line_up(manifests: Manifests, workload: str) -> None:
+    """GEMQ_METRICS_PORT, the container's port "metrics" and the scrape annotations agree."""
+    container = manifests.container(workload)
+    (port,) = [p for p in container["ports"] if p["name"] == "metrics"]
+    assert port["containerPort"] == int(manifests.environment(container)["GEMQ_METRICS_PORT"])
+    annotations = manifests.get("Deployment", workload)["spec"]["template"]["metadata"][
+        "annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert int(annotations["prometheus.io/port"]) == port["containerPort"]
+    assert annotations["prometheus.io/path"] == "/metrics"
+
+
 def test_the_grace_period_fits_a_worker_step(manifests: Manifests) -> None:
     """A worker leaves once its gradient in flight is published (tests below: seconds)."""
     spec = manifests.pod_specs()["gemq-worker"]
@@ -349,7 +362,7 @@ class OnlyTheImage(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, OnlyTheImage())
-import gemq.cli, gemq.services.aggregator  # noqa: E401
+import gemq.cli, gemq.services.aggregator, gemq.services.telemetry  # noqa: E401
 print(json.dumps(sorted({m.partition(".")[0] for m, v in sys.modules.items() if v})))
 """
 

@@ -136,6 +136,8 @@ def _service_env(base: Manifests, workload: str, server: ManifestRedis,
         env["GEMQ_HEARTBEAT_FILE"] = str(tmp_path / f"{workload}.heartbeat")
     if workload == "gemq-api":
         env.update(GEMQ_HOST="127.0.0.1", GEMQ_PORT=str(free_port()))
+    if "GEMQ_METRICS_PORT" in env:  # one port per pod there, two services on one host here
+        env["GEMQ_METRICS_PORT"] = str(free_port())
     keep = {k: v for k, v in os.environ.items() if not k.startswith("GEMQ_")}
     return _with_venv({**keep, **env})
 
@@ -179,6 +181,9 @@ def test_the_services_run_and_pass_their_probes(base: Manifests, manifest_redis:
                          what=f"{workload} {probe}")
             healthcheck = _exec_form(DOCKERFILES[workload], "HEALTHCHECK")
             assert subprocess.run(healthcheck, env=envs[workload], timeout=30).returncode == 0
+            scrape = httpx.get(f"http://127.0.0.1:{envs[workload]['GEMQ_METRICS_PORT']}/metrics",
+                               timeout=5)
+            assert "gemq_build_info{" in scrape.text, (workload, scrape.text)
         api = base.container("gemq-api")
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
             wait_for(lambda p=probe: _http_probe(api, p, envs["gemq-api"]) == 200,

@@ -29,6 +29,8 @@ EXPECTED = {
     "wire_bf16": ["n2"],
     "scale": ["redis_memory_late_over_early", "redis_memory_over_design_bound",
               "total_rss_over_8gb", "aggregator_growth_per_worker_over_moment"],
+    "telemetry_overhead": ["worker_silent", "worker_prometheus", "smallest_model_worker_prometheus",
+                           "aggregator_prometheus"],
 }
 
 

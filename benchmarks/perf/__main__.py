@@ -17,11 +17,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from benchmarks.perf import compute, models, scale, targets, transport
+from benchmarks.perf import compute, models, scale, targets, telemetry, transport
 from benchmarks.perf.common import Budget, machine
 
 BENCHMARKS: dict[str, ModuleType] = {m.NAME: m for m in (transport, compute, targets, scale,
-                                                           models)}
+                                                           models, telemetry)}
 #: The sections of each benchmark's result that are ratios, lifted to the top of the JSON.
 HEADLINES = {
     "transport": ("transport_ratio", "transport_ratio_spread", "transport_ratio_fp16",
@@ -31,6 +31,7 @@ HEADLINES = {
                        "update_rate_over_reference", "wire_fp16", "wire_bf16"),
     "scale": ("scale",),
     "real_models": ("amp", "checkpoint"),
+    "telemetry": ("telemetry_overhead",),
 }
 Check = Callable[[float], bool]
 #: key prefix -> (target as text, check). Keys with no entry are reported, not judged.
@@ -42,6 +43,7 @@ TARGETS: dict[str, tuple[str, Check]] = {
     "scale.redis_memory_over_design_bound": ("<= 1", lambda v: v <= 1.0),
     "scale.total_rss_over_8gb": ("< 1", lambda v: v < 1.0),
     "speedup_over_reference.": ("> 1", lambda v: v > 1.0),
+    "telemetry_overhead.worker_": ("<= 0.01 (1%)", lambda v: v <= 0.01),
 }
 
 

@@ -16,10 +16,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
-from gemq import __version__
+from gemq import __version__, logs
 from gemq.connection import TRANSIENT_ERRORS, connect, redact
 from gemq.errors import GemqError
-from gemq.process import setup_logging
 
 from ..settings import LOOPBACK, ApiSettings, load
 from .guard import RequestGuard
@@ -100,6 +99,7 @@ def check_binding(settings: ApiSettings) -> None:
 
 
 def serve(settings: ApiSettings) -> None:
+    logs.configure(settings.log_level, settings.log_format)
     check_binding(settings)
     # A malformed Redis URL is one clear error here, not a traceback from uvicorn's start-up.
     for url in filter(None, (settings.redis_url, settings.queue_url)):
@@ -109,12 +109,13 @@ def serve(settings: ApiSettings) -> None:
         log.warning("no GEMQ_API_TOKEN: listening on loopback only, mutations unauthenticated")
     log.info("API and dashboard on http://%s:%d (Redis %s)", settings.host, settings.port,
              redact(settings.redis_url))
+    # log_config=None: uvicorn's records go through the handler set up above, at its level
+    # and in its format, instead of uvicorn's own.
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level="info", access_log=False)
+                log_config=None, access_log=False)
 
 
 def main() -> None:
-    setup_logging()
     serve(load(ApiSettings))
 
 

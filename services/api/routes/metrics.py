@@ -1,4 +1,9 @@
-"""Prometheus metrics, read from Redis at scrape time (the API keeps no counters itself)."""
+"""Prometheus metrics, read from Redis at scrape time (the API keeps no counters itself).
+
+Names follow Prometheus' conventions: what is counted is in the name, counters end in
+``_total``, a run is a label, and rates are left to PromQL (``rate(...)``). docs/api.md
+lists the families and the names they replaced.
+"""
 
 from __future__ import annotations
 
@@ -14,12 +19,24 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from gemq import combine
 from gemq.store import RunStore, now_ms, run_ids
 
+from ...telemetry import BuildInfo
 from .. import views
 from ..deps import RedisClient
 
 router = APIRouter(tags=["health"])
 #: Runs exported per scrape, newest first.
 EXPORTED_RUNS = 20
+#: Counter families: name (without _total), help, and the run counter each one reads.
+COUNTERS = (("gemq_updates_applied", "Gradient updates applied to the parameters", "applied"),
+            ("gemq_gradients_published", "Gradients workers published to the run",
+             "published"))
+#: Gauge families, by name: their help text.
+GAUGES = {
+    "gemq_staleness_mean": "Mean staleness (updates between the parameters a gradient was "
+                           "computed on and those it was applied to) over the last commit",
+    "gemq_energy_ratio": "E_central / E_proxy over the last commit (GEM aims at 1)",
+    "gemq_active_workers": "Workers heard from in the last 10 s",
+}
 
 
 class RunCollector(Collector):
@@ -27,44 +44,47 @@ class RunCollector(Collector):
         self.client = client
 
     def collect(self) -> Iterator[Metric]:
-        applied = CounterMetricFamily("gemq_updates_applied", "Gradient updates applied",
-                                      labels=["run"])
-        rejected = CounterMetricFamily("gemq_rejected", "Gradients rejected, by reason",
-                                       labels=["run", "reason"])
-        gauges = {name: GaugeMetricFamily(f"gemq_{name}", text, labels=["run"]) for name, text
-                  in (("updates_per_second", "Updates applied per second, recent"),
-                      ("staleness_mean", "Mean staleness of the last batch"),
-                      ("energy_ratio", "E_central / E_proxy of the last batch"),
-                      ("active_workers", "Workers heard from in the last 10 s"))}
+        counters = {name: CounterMetricFamily(name, text, labels=["run"])
+                    for name, text, _ in COUNTERS}
+        rejected = CounterMetricFamily("gemq_gradients_rejected",
+                                       "Gradients rejected, by reason", labels=["run", "reason"])
+        gauges = {name: GaugeMetricFamily(name, text, labels=["run"])
+                  for name, text in GAUGES.items()}
         for run_id in run_ids(self.client, EXPORTED_RUNS):
-            self._run(RunStore(self.client, run_id), applied, rejected, gauges)
-        yield from (applied, rejected, *gauges.values())
+            store = RunStore(self.client, run_id)
+            self._counters(store, counters, rejected)
+            self._gauges(store, gauges)
+        yield from (*counters.values(), rejected, *gauges.values())
 
-    def _run(self, store: RunStore, applied: CounterMetricFamily,
-             rejected: CounterMetricFamily, gauges: dict[str, GaugeMetricFamily]) -> None:
-        run = store.run_id
-        counters = combine.counters(store.shards())
-        applied.add_metric([run], counters.get("applied", 0))
-        for key, value in counters.items():
+    @staticmethod
+    def _counters(store: RunStore, families: dict[str, CounterMetricFamily],
+                  rejected: CounterMetricFamily) -> None:
+        counts = combine.counters(store.shards())
+        for name, _, key in COUNTERS:
+            families[name].add_metric([store.run_id], counts.get(key, 0))
+        for key, value in counts.items():
             if key.startswith("rejected:"):
-                rejected.add_metric([run, key.removeprefix("rejected:")], value)
-        recent = views.recent_metrics(store)
+                rejected.add_metric([store.run_id, key.removeprefix("rejected:")], value)
+
+    @staticmethod
+    def _gauges(store: RunStore, families: dict[str, GaugeMetricFamily]) -> None:
+        recent = views.recent_metrics(store, 1)
         latest = recent[-1] if recent else {}
         now = now_ms()
         workers = [views.worker_view(w, s, now) for w, s in store.worker_states().items()]
-        values = {"updates_per_second": views.updates_per_s(recent),
-                  "staleness_mean": latest.get("staleness_mean"),
-                  "energy_ratio": latest.get("energy_ratio"),
-                  "active_workers": sum(w["active"] for w in workers)}
+        values = {"gemq_staleness_mean": latest.get("staleness_mean"),
+                  "gemq_energy_ratio": latest.get("energy_ratio"),
+                  "gemq_active_workers": sum(w["active"] for w in workers)}
         for name, value in values.items():
             if value is not None:
-                gauges[name].add_metric([run], float(value))
+                families[name].add_metric([store.run_id], float(value))
 
 
 @router.get("/metrics", response_class=Response,
             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
 def metrics(client: RedisClient) -> Response:
-    """Prometheus text format: per-run updates, rejections, rate, staleness, energy."""
+    """Prometheus text format: per-run updates, gradients, rejections, staleness, energy."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RunCollector(client))
+    registry.register(BuildInfo())
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
