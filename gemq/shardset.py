@@ -58,22 +58,30 @@ class RunShards:
                             else self.stores[shard].latest())  # dropped: read the head again
         return found
 
-    def publish(self, worker_id: str, messages: list[bytes]) -> list[StepView]:
-        """Publish ``messages[k]`` to shard k; return the views for the next step."""
+    def publish(self, worker_id: str, messages: dict[int, bytes]) -> list[StepView]:
+        """Publish ``messages[k]`` to shard k (the shards with room: not necessarily all);
+        return every shard's view for the next step."""
         if self._pool is None:  # one server: one MULTI for every shard
             pipe = self._r.pipeline(transaction=True)
-            for store, message in zip(self.stores, messages, strict=True):
-                store.queue_publish_and_view(pipe, worker_id, message)
+            for store in self.stores:
+                if store.shard in messages:
+                    store.queue_publish_and_view(pipe, worker_id, messages[store.shard])
+                else:
+                    store.queue_view(pipe)
             replies = pipe.execute(raise_on_error=False)
             views, at = [], 0
             for store in self.stores:
-                length = store.publish_length
-                views.append(store.published_view(replies[at:at + length]))
-                at += length
+                if store.shard in messages:
+                    views.append(store.published_view(replies[at:at + store.publish_length]))
+                    at += store.publish_length
+                else:
+                    views.append(store.view_of(replies[at:at + store.view_length]))
+                    at += store.view_length
             return views
-        futures = [self._pool.submit(store.publish_and_view, worker_id, message)
-                   for store, message in zip(self.stores, messages, strict=True)]
-        return [future.result() for future in futures]
+        futures = {k: self._pool.submit(self.stores[k].publish_and_view, worker_id, message)
+                   for k, message in messages.items()}
+        return [futures[k].result() if k in futures else store.step_view()
+                for k, store in enumerate(self.stores)]
 
     def heartbeat(self, worker_id: str) -> None:
         """Tell every shard's aggregator this worker is alive (it waits without publishing)."""

@@ -133,27 +133,30 @@ class Worker:
         state = views[0].state  # the run's
         if state in ENDED:
             return False
-        if state == RunState.CREATED or any(v.pending >= self.config.max_pending
-                                            for v in views):
-            # No aggregator yet (gradients would only go stale), or backpressure on a shard.
+        # Backpressure per shard: a shard whose stream is full (its aggregator slow, or gone
+        # until a standby takes over) gets no slice of this step; the others go on.
+        room = [k for k, v in enumerate(views) if v.pending < self.config.max_pending]
+        if state == RunState.CREATED or not room:
+            # No aggregator yet (gradients would only go stale), or every shard is full.
             self._wait(shutdown)
             return True
         self._load_newer({k: v.version for k, v in enumerate(views)
                           if v.version != self.versions[k]})
         started = time.perf_counter()
         step = self.net.gradient(*next(self.batches))
-        messages = [codec.encode(  # each shard's slice carries the whole step's loss, accuracy
+        shards = self.shards.plan.shards
+        messages = {k: codec.encode(  # each slice carries the whole step's loss, accuracy
             run_id=self.config.run_id, worker_id=self.worker_id,
-            param_version=self.versions[shard.index], samples=self.config.batch_size,
+            param_version=self.versions[k], samples=self.config.batch_size,
             loss=step.loss, accuracy=step.accuracy,
-            layout_id=self.shards.plan.layout_id_of(shard.index),
-            gradient=step.output[shard.slice], dtype=self.config.wire_dtype)
-            for shard in self.shards.plan.shards]
+            layout_id=self.shards.plan.layout_id_of(k),
+            gradient=step.output[shards[k].slice], dtype=self.config.wire_dtype)
+            for k in room}
         computed = time.perf_counter()
         # Also a heartbeat; and it brings back the views the next step starts from.
         self._next_views = self.shards.publish(self.worker_id, messages)
         self.options.observer.step_computed(computed - started)
-        self.options.observer.gradient_published(sum(map(len, messages)),
+        self.options.observer.gradient_published(sum(map(len, messages.values())),
                                                  time.perf_counter() - computed)
         self._last_heartbeat = time.monotonic()
         self.steps += 1
