@@ -34,6 +34,8 @@ class ApiSettings(_GemqSettings):
     open_reads: bool = True
     #: The rq queue aggregation jobs are enqueued on.
     aggregator_queue: str = "gemq-aggregator"
+    #: The Redis of the rq queue; None: GEMQ_REDIS_URL's (a Redis Cluster cannot hold it).
+    queue_url: str | None = None
     #: Accept ``package.module:factory`` models and datasets in API requests. Off by
     #: default: importing and calling a named function is running code chosen by the caller.
     allow_import_specs: bool = False
@@ -75,6 +77,8 @@ class ApiSettings(_GemqSettings):
 
 class AggregatorServiceSettings(_GemqSettings):
     aggregator_queue: str = "gemq-aggregator"
+    #: The Redis of the rq queue; None: GEMQ_REDIS_URL's (a Redis Cluster cannot hold it).
+    queue_url: str | None = None
     lease_ms: int = Field(5000, ge=100)
     #: Touched every few seconds while alive; `python -m gemq.services.probe` checks it.
     heartbeat_file: str = "/tmp/gemq-heartbeat"
