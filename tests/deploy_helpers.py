@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import yaml
 
 from gemq.services.settings import (
@@ -42,6 +43,10 @@ SERVICES: dict[str, type[Any]] = {"gemq-aggregator": AggregatorServiceSettings,
 DOCKERFILES = {"gemq-aggregator": DOCKER / "aggregator.Dockerfile",
                "gemq-worker": DOCKER / "worker.Dockerfile",
                "gemq-api": DOCKER / "api.Dockerfile"}
+#: Kinds of the long-running workloads (a Job runs to completion: no probes).
+SERVERS = ("Deployment", "StatefulSet")
+#: The pod fields a container's environment may read (fieldRef).
+POD_FIELDS = {"metadata.name", "status.podIP"}
 #: What an overlay would put into the Secret instead of the placeholders.
 REAL_SECRETS = {"api-token": "0123456789abcdef0123456789abcdef",
                 "redis-password": "5f3c9a0d1e7b24c8"}
@@ -67,9 +72,10 @@ class Manifests:
         assert found, f"{kind}/{full_name} is referenced but not rendered"
         return found[0]
 
-    def pod_specs(self) -> dict[str, dict[str, Any]]:
+    def pod_specs(self, kinds: tuple[str, ...] = (*SERVERS, "Job")) -> dict[str, dict[str, Any]]:
+        """Pod templates by workload name: of servers and Jobs, or of ``kinds``."""
         return {o["metadata"]["name"]: o["spec"]["template"]["spec"] for o in self.objects
-                if o["kind"] in ("Deployment", "StatefulSet")}
+                if o["kind"] in kinds}
 
     def container(self, workload: str) -> dict[str, Any]:
         (container,) = self.pod_specs()[workload]["containers"]
@@ -90,18 +96,20 @@ class Manifests:
                 names += self.by_name("Secret", source["secretRef"]["name"])["data"]
         return names
 
-    def environment(self, container: dict[str, Any],
-                    secrets: dict[str, str] | None = None) -> dict[str, str]:
-        """The environment Kubernetes would build; ``secrets`` overrides Secret values."""
+    def environment(self, container: dict[str, Any], secrets: dict[str, str] | None = None,
+                    pod: dict[str, str] | None = None) -> dict[str, str]:
+        """The environment Kubernetes would build; ``secrets`` overrides Secret values,
+        ``pod`` gives the pod's fields (fieldRef: status.podIP, metadata.name, ...)."""
         env: dict[str, str] = {}
         for source in container.get("envFrom", []):
             env.update(self.by_name("ConfigMap", source["configMapRef"]["name"])["data"])
         for entry in container.get("env", []):
-            env[entry["name"]] = self._value(entry, env, container, secrets or {})
+            env[entry["name"]] = self._value(entry, env, container, secrets or {}, pod or {})
         return env
 
     def _value(self, entry: dict[str, Any], earlier: dict[str, str],
-               container: dict[str, Any], secrets: dict[str, str]) -> str:
+               container: dict[str, Any], secrets: dict[str, str],
+               pod: dict[str, str]) -> str:
         if "value" in entry:
             return _expand(entry["value"], earlier, entry["name"])
         source = entry["valueFrom"]
@@ -112,7 +120,41 @@ class Manifests:
         if "resourceFieldRef" in source:
             limit = source["resourceFieldRef"]["resource"].removeprefix("limits.")
             return str(container["resources"]["limits"][limit])
+        if "fieldRef" in source:
+            field = source["fieldRef"]["fieldPath"]
+            assert field in POD_FIELDS, f"{entry['name']}: unknown field {field}"
+            return pod.get(field, f"<{field}>")
         raise AssertionError(f"unhandled valueFrom in {entry}")
+
+    def service(self, host: str) -> dict[str, Any]:
+        """The Service a pod reaches as ``host`` (its name, in the pod's namespace)."""
+        return self.by_name("Service", host)
+
+    def redis_behind(self, url: str) -> dict[str, Any]:
+        """The StatefulSet whose pods serve a redis:// URL of a gemq container."""
+        selector = self.service(redis.connection.parse_url(url)["host"])["spec"]["selector"]
+        (found,) = [o for o in self.objects if o["kind"] == "StatefulSet" and selector.items()
+                    <= o["spec"]["template"]["metadata"]["labels"].items()]
+        return found
+
+    def config_files(self, workload: str) -> dict[str, str]:
+        """The files the workload's ConfigMap volumes mount, by path in the container."""
+        spec = self.pod_specs()[workload]
+        maps = {v["name"]: v["configMap"]["name"] for v in spec.get("volumes", [])
+                if "configMap" in v}
+        files = {}
+        for mount in self.container(workload).get("volumeMounts", []):
+            if mount["name"] in maps:
+                data = self.by_name("ConfigMap", maps[mount["name"]])["data"]
+                files.update({f"{mount['mountPath']}/{name}": text
+                              for name, text in data.items()})
+        return files
+
+    def is_cluster(self, redis_set: dict[str, Any]) -> bool:
+        """Whether a Redis StatefulSet runs its servers in cluster mode."""
+        files = self.config_files(redis_set["metadata"]["name"])
+        return any(re.search(r"^cluster-enabled yes$", text, re.MULTILINE)
+                   for text in files.values())
 
 
 def _expand(value: str, earlier: dict[str, str], name: str) -> str:

@@ -37,6 +37,7 @@ from tests.deploy_helpers import (
     K8S,
     REAL_SECRETS,
     ROOT,
+    SERVERS,
     SERVICES,
     Manifests,
     _exec_form,
@@ -45,7 +46,8 @@ from tests.deploy_helpers import (
     _render,
 )
 
-OVERLAYS = {"base": K8S, "example": K8S / "overlays" / "example"}
+OVERLAYS = {"base": K8S, "example": K8S / "overlays" / "example",
+            "cluster": K8S / "overlays" / "cluster"}
 #: Oldest and newest Kubernetes releases the manifests are validated against.
 KUBERNETES_VERSIONS = ("1.28.0", kubernetes_validate.utils.latest_version() + ".0")
 
@@ -100,21 +102,34 @@ def test_the_deployment_has_its_parts(manifests: Manifests) -> None:
     assert manifests.get("Service", "gemq-redis")["spec"]["clusterIP"] == "None"
     claim = redis_set["spec"]["volumeClaimTemplates"][0]
     assert claim["metadata"]["name"] == "data"
-    assert manifests.get("Deployment", "gemq-aggregator")["spec"]["replicas"] == 2
+    # One aggregator per shard the runs' Redis spreads (each master of a cluster, or the
+    # one server), and one standing by.
+    aggregators = manifests.get("Deployment", "gemq-aggregator")["spec"]
+    assert aggregators["replicas"] == _masters(manifests) + 1
     budget = manifests.get("PodDisruptionBudget", "gemq-aggregator")["spec"]
-    assert budget["minAvailable"] == 1
-    assert budget["selector"]["matchLabels"] == manifests.get(
-        "Deployment", "gemq-aggregator")["spec"]["selector"]["matchLabels"]
+    # Voluntary disruptions take one aggregator at a time.
+    assert (budget.get("maxUnavailable") == 1
+            or budget.get("minAvailable") == aggregators["replicas"] - 1), budget
+    assert budget["selector"]["matchLabels"] == aggregators["selector"]["matchLabels"]
     api_service = manifests.get("Service", "gemq-api")["spec"]
     api_pods = manifests.get("Deployment", "gemq-api")["spec"]["template"]["metadata"]
     assert api_service["selector"].items() <= api_pods["labels"].items()
+    servers = manifests.pod_specs(SERVERS)
     for name, spec in manifests.pod_specs().items():
         (container,) = spec["containers"]
         for probe in ("livenessProbe", "readinessProbe"):
-            assert probe in container, f"{name} has no {probe}"
+            assert name not in servers or probe in container, f"{name} has no {probe}"
         assert {"requests", "limits"} <= container["resources"].keys(), name
         assert spec["securityContext"]["runAsNonRoot"] is True, name
         assert container["securityContext"]["allowPrivilegeEscalation"] is False, name
+
+
+def _masters(manifests: Manifests) -> int:
+    """Masters of the Redis the runs live on (the aggregators' GEMQ_REDIS_URL): 1 for a
+    single Redis."""
+    url = manifests.environment(manifests.container("gemq-aggregator"))["GEMQ_REDIS_URL"]
+    redis_set = manifests.redis_behind(url)
+    return int(redis_set["spec"]["replicas"]) if manifests.is_cluster(redis_set) else 1
 
 
 def test_the_example_overlay_autoscales_the_workers() -> None:
@@ -127,6 +142,63 @@ def test_the_example_overlay_autoscales_the_workers() -> None:
     assert "replicas" not in overlay.get("Deployment", "gemq-worker")["spec"]
     for name in SERVICES:
         assert overlay.container(name)["image"].startswith("registry.example.com/")
+
+
+def test_the_cluster_overlay_keeps_the_runs_on_a_redis_cluster() -> None:
+    overlay = _render(OVERLAYS["cluster"])
+    nodes = overlay.redis_behind(
+        overlay.environment(overlay.container("gemq-aggregator"))["GEMQ_REDIS_URL"])
+    name, spec = nodes["metadata"]["name"], nodes["spec"]
+    assert overlay.is_cluster(nodes) and spec["replicas"] >= 3  # Redis Cluster's minimum
+    # A node is ready once the cluster is formed, which takes every node: all start at once,
+    # and find each other by name before they are ready.
+    assert spec["podManagementPolicy"] == "Parallel"
+    peers = overlay.service(spec["serviceName"])["spec"]
+    assert peers["clusterIP"] == "None" and peers["publishNotReadyAddresses"] is True
+    container = overlay.container(name)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["cluster-bus"] == ports["redis"] + 10_000  # Redis' fixed offset
+    assert {p["name"]: p["port"] for p in peers["ports"]} == ports
+    pod = {"metadata.name": f"{name}-1", "status.podIP": "10.1.2.3"}
+    env = overlay.environment(container, pod=pod)
+    assert env["NODE_HOSTNAME"] == f"{name}-1.{spec['serviceName']}"
+
+    files = overlay.config_files(name)
+    assert container["command"][-1] in files  # the script, from a ConfigMap
+    config = _redis_config(files, container["args"][0])
+    assert config["cluster-enabled"] == "yes"
+    # Persistence: the AOF and nodes.conf (relative: in `dir`) on the volume claim.
+    assert config["appendonly"] == "yes" and "/" not in config["cluster-config-file"]
+    (claim,) = spec["volumeClaimTemplates"]
+    assert {"name": claim["metadata"]["name"], "mountPath": config["dir"]} in \
+        container["volumeMounts"]
+    # The single Redis's settings that matter, from the same file.
+    queue = _redis_config(overlay.config_files("gemq-redis"), "/etc/gemq-redis/redis.conf")
+    for setting in ("proto-max-bulk-len", "maxmemory", "maxmemory-policy", "appendfsync"):
+        assert config[setting] == queue[setting], setting
+
+    job = overlay.get("Job", "gemq-redis-cluster-create")["spec"]
+    create = overlay.container("gemq-redis-cluster-create")
+    assert create["command"][-1] in overlay.config_files("gemq-redis-cluster-create")
+    assert create["image"] == container["image"]  # redis-cli of the nodes' own version
+    assert container["image"] == overlay.container("gemq-redis")["image"]
+    job_env = overlay.environment(create)
+    assert job_env["REDISCLI_AUTH"] == env["REDIS_PASSWORD"]
+    assert job_env["REDIS_NODES"].split() == [
+        f"{name}-{i}.{spec['serviceName']}:{ports['redis']}" for i in range(spec["replicas"])]
+    assert job["template"]["spec"]["restartPolicy"] == "Never" and job["backoffLimit"] >= 1
+
+
+def _redis_config(files: dict[str, str], path: str) -> dict[str, str]:
+    """A redis.conf's settings (the last of each wins), included files first."""
+    config: dict[str, str] = {}
+    for line in files[path].splitlines():
+        directive, _, value = line.strip().partition(" ")
+        if directive == "include":
+            config.update(_redis_config(files, value))
+        elif directive and not directive.startswith("#"):
+            config[directive] = value
+    return config
 
 
 @pytest.mark.parametrize("workload", sorted(SERVICES))
@@ -146,8 +218,9 @@ def test_no_pod_gets_service_link_variables(manifests: Manifests) -> None:
     GEMQ_PORT. Every pod turns that off, so the env checks above are the whole story."""
     for name, spec in manifests.pod_specs().items():
         assert spec.get("enableServiceLinks") is False, name
-    assert not [n for n in manifests.env_names(manifests.container("gemq-redis"))
-                if n.startswith("GEMQ_")]
+        if name not in SERVICES:  # Redis servers and Jobs: no gemq settings at all
+            assert not [n for n in manifests.env_names(manifests.container(name))
+                        if n.startswith("GEMQ_")], name
 
 
 def test_the_manifest_values_load_into_the_settings(base: Manifests,
@@ -180,16 +253,31 @@ def test_the_placeholder_secrets_are_refused(base: Manifests,
         load(ApiSettings)
 
 
+#: The settings that name a Redis.
+REDIS_URLS = ("GEMQ_REDIS_URL", "GEMQ_QUEUE_URL")
+
+
 def test_every_pod_reaches_redis_with_the_secret_password(manifests: Manifests) -> None:
-    service = manifests.get("Service", "gemq-redis")
-    (port,) = service["spec"]["ports"]
-    redis_env = manifests.environment(manifests.container("gemq-redis"))
+    """Each URL names a Service of a Redis StatefulSet, on a port of that Service, with
+    that Redis's password; the rq queue is on one server (rq cannot use a cluster), the
+    same one for every service, and every service keeps the runs on the same Redis."""
+    queues, runs = set(), set()
     for workload in SERVICES:
-        url = redis.connection.parse_url(
-            manifests.environment(manifests.container(workload))["GEMQ_REDIS_URL"])
-        assert url["host"] == service["metadata"]["name"], workload
-        assert url["port"] == port["port"], workload
-        assert url["password"] == redis_env["REDIS_PASSWORD"], workload
+        env = manifests.environment(manifests.container(workload))
+        for setting in [s for s in REDIS_URLS if s in env]:
+            url = redis.connection.parse_url(env[setting])
+            ports = manifests.service(url["host"])["spec"]["ports"]
+            assert url["port"] in [p["port"] for p in ports if p["name"] == "redis"], workload
+            redis_set = manifests.redis_behind(env[setting])
+            redis_env = manifests.environment(manifests.container(
+                redis_set["metadata"]["name"]))
+            assert url["password"] == redis_env["REDIS_PASSWORD"], (workload, setting)
+            if setting == "GEMQ_QUEUE_URL":
+                assert not manifests.is_cluster(redis_set), workload
+                queues.add(env[setting])
+            else:
+                runs.add(env[setting])
+    assert len(queues) == 1 and len(runs) == 1, (queues, runs)
 
 
 def test_the_api_ports_and_paths_line_up(manifests: Manifests) -> None:

@@ -130,8 +130,9 @@ def _service_env(base: Manifests, workload: str, server: ManifestRedis,
                  tmp_path: Path) -> dict[str, str]:
     """The manifest's environment, with the pod network mapped onto this machine."""
     env = base.environment(base.container(workload), REAL_SECRETS)
-    env["GEMQ_REDIS_URL"] = env["GEMQ_REDIS_URL"].replace("@gemq-redis:6379",
-                                                          f"@127.0.0.1:{server.port}")
+    for setting in ("GEMQ_REDIS_URL", "GEMQ_QUEUE_URL"):
+        if setting in env:
+            env[setting] = env[setting].replace("@gemq-redis:6379", f"@127.0.0.1:{server.port}")
     if "GEMQ_HEARTBEAT_FILE" in env:
         env["GEMQ_HEARTBEAT_FILE"] = str(tmp_path / f"{workload}.heartbeat")
     if workload == "gemq-api":
