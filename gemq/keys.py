@@ -3,7 +3,7 @@
 A run's parameters may be split into shards (gemq/shards.py). Each shard's keys share a
 prefix whose braces are a Redis Cluster hash tag, ``gemq:{<run>}:`` for shard 0 and
 ``gemq:{<run>/<k>}:`` for shard k: a shard lives in one slot, so its aggregator's commit
-script may touch all of its keys, and Redis Cluster spreads the shards over its masters.
+script may touch all of its keys, and Redis Cluster places the shards by their tags' slots.
 The run-wide keys (configuration, layout, status) live in shard 0's slot. A run of one
 shard has exactly the keys it had before shards existed.
 """

@@ -4,7 +4,7 @@ GEM is element-wise: an element's update depends only on its own gradient, momen
 and snapshot, and buffer changes are added element by element. Any partition of the flat
 state therefore gives the same result, shard by shard, as the whole vector at once
 (docs/design.md). Each shard has its own keys in Redis (gemq/keys.py: its own hash tag, so
-Redis Cluster spreads shards over masters), its own gradient stream, versions, lease and
+Redis Cluster places shards by their slots), its own gradient stream, versions, lease and
 commits, and its own aggregator.
 
 Cuts fall at tensor boundaries where that keeps the shards within a tenth of equal size,
