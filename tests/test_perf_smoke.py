@@ -29,6 +29,11 @@ EXPECTED = {
     "wire_bf16": ["n2"],
     "scale": ["redis_memory_late_over_early", "redis_memory_over_design_bound",
               "total_rss_over_8gb", "aggregator_growth_per_worker_over_moment"],
+    "shards_speedup": ["two_redis", "one_redis", "two_redis_keep_pages", "s1_keep_pages"],
+    "shards_core_bound_speedup": ["two_redis", "one_redis"],
+    "shards_cpu_speedup": ["two_redis", "one_redis"],
+    "shard_bytes_rate": ["0.16m"],
+    "big_model_ratio": ["s1"],
 }
 
 

@@ -17,11 +17,21 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from benchmarks.perf import compute, models, scale, targets, transport
+from benchmarks.perf import (
+    big_model,
+    compute,
+    models,
+    scale,
+    shard_sizes,
+    shards,
+    targets,
+    transport,
+)
 from benchmarks.perf.common import Budget, machine
 
 BENCHMARKS: dict[str, ModuleType] = {m.NAME: m for m in (transport, compute, targets, scale,
-                                                           models)}
+                                                           models, shards, shard_sizes,
+                                                           big_model)}
 #: The sections of each benchmark's result that are ratios, lifted to the top of the JSON.
 HEADLINES = {
     "transport": ("transport_ratio", "transport_ratio_spread", "transport_ratio_fp16",
@@ -31,6 +41,10 @@ HEADLINES = {
                        "update_rate_over_reference", "wire_fp16", "wire_bf16"),
     "scale": ("scale",),
     "real_models": ("amp", "checkpoint"),
+    "shards": ("shards_speedup", "shards_speedup_spread", "shards_core_bound_speedup",
+               "shards_cpu_speedup"),
+    "shard_sizes": ("shard_bytes_rate",),
+    "big_model": ("big_model_ratio",),
 }
 Check = Callable[[float], bool]
 #: key prefix -> (target as text, check). Keys with no entry are reported, not judged.
@@ -42,6 +56,8 @@ TARGETS: dict[str, tuple[str, Check]] = {
     "scale.redis_memory_over_design_bound": ("<= 1", lambda v: v <= 1.0),
     "scale.total_rss_over_8gb": ("< 1", lambda v: v < 1.0),
     "speedup_over_reference.": ("> 1", lambda v: v > 1.0),
+    "shards_speedup.two_redis": (">= 1.6", lambda v: v >= 1.6),
+    "big_model_ratio.": (">= 0.6", lambda v: v >= 0.6),
 }
 
 
