@@ -17,11 +17,22 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from benchmarks.perf import compute, models, scale, targets, telemetry, transport
+from benchmarks.perf import (
+    big_model,
+    compute,
+    models,
+    scale,
+    shard_sizes,
+    shards,
+    targets,
+    telemetry,
+    transport,
+)
 from benchmarks.perf.common import Budget, machine
 
 BENCHMARKS: dict[str, ModuleType] = {m.NAME: m for m in (transport, compute, targets, scale,
-                                                           models, telemetry)}
+                                                           models, telemetry, shards,
+                                                           shard_sizes, big_model)}
 #: The sections of each benchmark's result that are ratios, lifted to the top of the JSON.
 HEADLINES = {
     "transport": ("transport_ratio", "transport_ratio_spread", "transport_ratio_fp16",
@@ -32,6 +43,10 @@ HEADLINES = {
     "scale": ("scale",),
     "real_models": ("amp", "checkpoint"),
     "telemetry": ("telemetry_overhead",),
+    "shards": ("shards_speedup", "shards_speedup_spread", "shards_core_bound_speedup",
+               "shards_cpu_speedup"),
+    "shard_sizes": ("shard_bytes_rate",),
+    "big_model": ("big_model_ratio",),
 }
 Check = Callable[[float], bool]
 #: key prefix -> (target as text, check). Keys with no entry are reported, not judged.
@@ -44,6 +59,8 @@ TARGETS: dict[str, tuple[str, Check]] = {
     "scale.total_rss_over_8gb": ("< 1", lambda v: v < 1.0),
     "speedup_over_reference.": ("> 1", lambda v: v > 1.0),
     "telemetry_overhead.worker_": ("<= 0.01 (1%)", lambda v: v <= 0.01),
+    "shards_speedup.two_redis": (">= 1.6", lambda v: v >= 1.6),
+    "big_model_ratio.": (">= 0.6", lambda v: v >= 0.6),
 }
 
 

@@ -33,24 +33,28 @@ OPTIONS_N = 4
 INTERVALS_MS = (0, 10, 25, 50)
 
 
-def plain_loop(seconds: float, batch: int, threads: int, out: Any) -> None:
-    """Steps/s of the simplest training loop there is, after a warm-up."""
+def plain_loop(seconds: float, batch: int, threads: int, out: Any, model_spec: str = "cnn",
+               loss_spec: str = "nll") -> None:
+    """Steps/s of the simplest training loop there is, after a warm-up (``model_spec``,
+    ``loss_spec``: as a run's model and loss settings)."""
     import torch
 
     from gemq.data import load_dataset, minibatches
-    from gemq.models import PaperCNN
+    from gemq.losses import load_loss
+    from gemq.models import build_model
 
     torch.set_num_threads(threads)
     os.nice(LOCAL_WORKER_NICENESS)  # the workers' priority: both compete alike for the cores
     data = load_dataset("mnist5k")
-    model = PaperCNN()
+    model = build_model(model_spec, data.in_features, data.num_classes)
+    loss = load_loss(loss_spec)
     optimiser = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     batches = minibatches(data.train, batch, seed=0)
 
     def step() -> None:
         x, y = next(batches)
         optimiser.zero_grad(set_to_none=True)
-        torch.nn.functional.nll_loss(model(x), y).backward()
+        loss(model(x), y).backward()
         optimiser.step()
 
     for _ in range(10):
@@ -62,9 +66,11 @@ def plain_loop(seconds: float, batch: int, threads: int, out: Any) -> None:
     out.put(steps / (time.monotonic() - t0))
 
 
-def one_core_rate(seconds: float, batch: int = BATCH, threads: int = 1) -> float:
+def one_core_rate(seconds: float, batch: int = BATCH, threads: int = 1,
+                  model_spec: str = "cnn", loss_spec: str = "nll") -> float:
     queue = SPAWN.Queue()
-    process = SPAWN.Process(target=plain_loop, args=(seconds, batch, threads, queue))
+    process = SPAWN.Process(target=plain_loop,
+                            args=(seconds, batch, threads, queue, model_spec, loss_spec))
     process.start()
     rate = float(queue.get(timeout=300))
     process.join()

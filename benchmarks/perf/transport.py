@@ -30,7 +30,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
 import numpy as np
 import redis
 
@@ -43,6 +42,7 @@ from benchmarks.perf.common import (
     stop,
     wait_for,
 )
+from benchmarks.perf.messages import Messages
 from gemq import codec
 from gemq.config import RunConfig
 from gemq.connection import connect
@@ -92,18 +92,7 @@ def produce(url: str, run_id: str, layout_id: str, worker_id: str, size: int, dt
     shutdown = graceful_shutdown()
     keys, client = RunKeys(run_id), connect(url, retries=0)
     gradient = np.random.default_rng(seed).standard_normal(size, dtype=np.float32) * 1e-3
-    elements = (codec.to_bfloat16_bits(gradient) if dtype == "bfloat16"
-                else gradient.astype(codec.WIRE_DTYPES[dtype]))
-    payload = msgpack.packb(elements.tobytes(), use_bin_type=True)
-
-    def message(version: int) -> bytes:
-        header = [codec.FORMAT_VERSION, run_id, worker_id, version, 64, 0.5, dtype, layout_id]
-        return msgpack.packb(header) + payload
-
-    assert message(0) == codec.encode(run_id=run_id, worker_id=worker_id, param_version=0,
-                                      samples=64, loss=0.5, layout_id=layout_id,
-                                      gradient=gradient, dtype=dtype)
-    version, cached = -1, b""
+    messages = Messages(run_id, worker_id, layout_id, gradient, dtype)
     RunStore(client, run_id).heartbeat(worker_id)  # registers it, as a worker's first step
     while not shutdown.is_set():
         pipe = client.pipeline(transaction=False)
@@ -113,10 +102,7 @@ def produce(url: str, run_id: str, layout_id: str, worker_id: str, size: int, dt
         if pending >= max_pending:
             shutdown.wait(0.001)
             continue
-        if int(raw_version or 0) != version:  # a new header only when the head moved
-            version = int(raw_version or 0)
-            cached = message(version)
-        client.xadd(keys.gradients, {"w": worker_id, "m": cached})
+        client.xadd(keys.gradients, {"w": worker_id, "m": messages.at(int(raw_version or 0))})
     client.close()
 
 

@@ -1,0 +1,42 @@
+"""Valid gradient messages for benchmark producers, made without a model.
+
+A producer stands in for a worker: it publishes the same gradient over and over, computed
+on whatever version the head names. Packing the payload once and only the header per
+version keeps the producer's cost to what any publisher pays (one copy of the bytes into
+the message), not a fresh gradient's encoding each time.
+"""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+
+from gemq import codec
+
+SAMPLES, LOSS = 64, 0.5
+
+
+class Messages:
+    """Messages byte-identical to ``codec.encode`` of one fixed gradient, by version."""
+
+    def __init__(self, run_id: str, worker_id: str, layout_id: str, gradient: np.ndarray,
+                 dtype: str = "float32") -> None:
+        elements = (codec.to_bfloat16_bits(gradient) if dtype == "bfloat16"
+                    else np.ascontiguousarray(gradient, dtype=codec.WIRE_DTYPES[dtype]))
+        self._header = [codec.FORMAT_VERSION, run_id, worker_id, 0, SAMPLES, LOSS, dtype,
+                        layout_id]
+        payload = memoryview(elements).cast("B")  # type: ignore[arg-type]
+        self._payload = msgpack.packb(payload, use_bin_type=True)
+        self._version, self._message = -1, b""
+        assert self.at(0) == codec.encode(run_id=run_id, worker_id=worker_id, param_version=0,
+                                          samples=SAMPLES, loss=LOSS, layout_id=layout_id,
+                                          gradient=gradient, dtype=dtype)
+
+    def at(self, version: int) -> bytes:
+        """The message of a gradient computed on ``version`` (re-made only when it moved)."""
+        if version != self._version:
+            self._message = b""  # the old one goes before the new one is made
+            self._header[3] = version
+            self._message = msgpack.packb(self._header) + self._payload
+            self._version = version
+        return self._message
