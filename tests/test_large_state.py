@@ -93,7 +93,7 @@ def test_a_150m_parameter_run_in_ten_shards_applies_a_gradient_slice_on_every_sh
                              gradient=gradient[shard.slice])
                 for shard in shards.plan.shards]
     shards.heartbeat("w1")
-    views = shards.publish("w1", messages)  # one MULTI: a slice to every shard's stream
+    views = shards.publish("w1", dict(enumerate(messages)))  # one MULTI: a slice to each
     del messages
     assert [view.pending for view in views] == [1] * SHARDS
 

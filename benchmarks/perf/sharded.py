@@ -167,8 +167,8 @@ def produce(url: str, run_id: str, worker_id: str, seed: int, max_pending: int) 
             shutdown.wait(0.001)
             views = shards.views()
             continue
-        views = shards.publish(worker_id, [m.at(view.version)
-                                           for m, view in zip(messages, views, strict=True)])
+        views = shards.publish(worker_id, {k: m.at(view.version) for k, (m, view)
+                                           in enumerate(zip(messages, views, strict=True))})
     shards.close()
     client.close()
 
