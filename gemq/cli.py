@@ -8,11 +8,12 @@ nothing imports it but the ``gemq`` script and ``python -m gemq``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -343,58 +344,57 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_status(args: argparse.Namespace) -> int:
+@contextlib.contextmanager
+def _run_client(args: argparse.Namespace) -> Iterator[tuple[str, Any]]:
+    """The run id the command names and a client of its Redis, closed on the way out."""
     from gemq.connection import connect
-    from gemq.store import RunStore
-    from gemq.summary import run_totals
 
     run_id, url = _require_run(args), _require_url(args)
     client = connect(url)
     try:
-        store = RunStore(client, run_id)
-        print(json.dumps({**run_totals(store), "workers": store.worker_states()}, indent=2))
+        yield run_id, client
     finally:
         client.close()
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from gemq.store import RunStore
+    from gemq.summary import run_totals
+
+    with _run_client(args) as (run_id, client):
+        store = RunStore(client, run_id)
+        print(json.dumps({**run_totals(store), "workers": store.worker_states()}, indent=2))
     return 0
 
 
 def _cmd_rm(args: argparse.Namespace) -> int:
-    from gemq.connection import connect
     from gemq.errors import RunBusy
     from gemq.retention import delete_run
     from gemq.services.jobs import forget_job
 
-    run_id, url = _require_run(args), _require_url(args)
-    client = connect(url)
-    try:
-        deleted = delete_run(client, run_id, force=args.force)
+    with _run_client(args) as (run_id, client):
+        try:
+            deleted = delete_run(client, run_id, force=args.force)
+        except RunBusy as e:
+            if e.reason != "busy" or args.force:
+                raise
+            raise GemqError(f"{e}; or, if its aggregator and workers are gone, delete it "
+                            "with --force") from e
         forget_job(client, deleted.job_id)
-    except RunBusy as e:
-        if e.reason != "busy" or args.force:
-            raise
-        raise GemqError(f"{e}; or, if its aggregator and workers are gone, delete it with "
-                        "--force") from e
-    finally:
-        client.close()
     print(f"deleted run {run_id} ({deleted.keys} keys)")
     return 0
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from gemq.connection import connect
     from gemq.export import export_to_file, export_to_stdout
     from gemq.store import RunStore
 
-    run_id, url = _require_run(args), _require_url(args)
-    client = connect(url)
-    try:
+    with _run_client(args) as (run_id, client):
         store = RunStore(client, run_id)
         if args.out is None:
             export_to_stdout(store, args.format, progress=True)
             return 0
         rows = export_to_file(store, args.out, args.format, progress=True)
-    finally:
-        client.close()
     print(f"run {run_id}: {rows} rows written to {args.out}", file=sys.stderr)
     return 0
 
