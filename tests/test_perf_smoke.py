@@ -31,7 +31,7 @@ EXPECTED = {
               "total_rss_over_8gb", "aggregator_growth_per_worker_over_moment"],
     "telemetry_overhead": ["worker_silent", "worker_prometheus", "smallest_model_worker_prometheus",
                            "aggregator_prometheus"],
-    "shards_speedup": ["two_redis", "one_redis", "two_redis_keep_pages", "s1_keep_pages"],
+    "shards_speedup": ["two_redis", "one_redis", "two_redis_release_pages", "keep_pages"],
     "shards_core_bound_speedup": ["two_redis", "one_redis"],
     "shards_cpu_speedup": ["two_redis", "one_redis"],
     "shard_bytes_rate": ["0.16m"],

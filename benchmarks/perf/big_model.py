@@ -7,9 +7,10 @@ The runs, all with the README's advice for big models (``--max-pending 4`` and a
 budget for 7 versions: ``advised``): ``--shards 1``; ``--shards 2`` (two aggregators, one
 private Redis); ``--shards 2 --local-cluster 2`` (two aggregators, a private Redis Cluster
 of two masters; the run id is chosen so that the two shards fall on different masters);
-the same with ``MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1`` in its environment,
-which its Redis servers inherit (their allocator then keeps the memory it frees:
-sharded.KEEP_PAGES); and ``--shards 1`` with the defaults, to show what they cost.
+the same with an empty ``MALLOC_CONF`` in its environment, which its Redis servers inherit
+(their allocator then hands every freed value back to the kernel, as before gemq's private
+Redis kept freed pages: sharded.RELEASE_PAGES); and ``--shards 1`` with the defaults, to
+show what they cost.
 
 The rate of a run is taken from its own curves (``metrics.csv``: a row per commit of
 shard 0, with its wall time and updates) between 20% of its updates and its last row, so
@@ -37,7 +38,7 @@ from typing import Any
 from benchmarks.big_models import MLP_11M, mlp_shapes
 from benchmarks.perf.common import Budget, ratio
 from benchmarks.perf.compute import one_core_rate
-from benchmarks.perf.sharded import KEEP_PAGES, spread_run_id
+from benchmarks.perf.sharded import RELEASE_PAGES, spread_run_id
 from gemq.layout import ParamLayout
 
 NAME = "big_model"
@@ -65,10 +66,10 @@ def advised(shards: int) -> list[str]:
 #: name -> the flags that make the run
 RUNS = {"s1": advised(1), "s2": advised(2),
         "s2_local_cluster": [*advised(2), "--local-cluster", "2"],
-        "s2_local_cluster_keep_pages": [*advised(2), "--local-cluster", "2"],
+        "s2_local_cluster_release_pages": [*advised(2), "--local-cluster", "2"],
         "s1_defaults": ["--shards", "1"]}
 #: name -> environment variables of the run (its private Redis servers inherit them)
-ENVIRONMENT = {"s2_local_cluster_keep_pages": {"MALLOC_CONF": KEEP_PAGES}}
+ENVIRONMENT = {"s2_local_cluster_release_pages": {"MALLOC_CONF": RELEASE_PAGES}}
 #: The share of a run's updates left out of its rate: the start, while the workers still load.
 SKIP = 0.2
 

@@ -52,11 +52,10 @@ from gemq.store import RunStore
 #: bounds max_pending, and so Redis' memory, for the large models.
 PENDING_BYTES = 256 * MB
 LEASE_MS = 5000
-#: jemalloc's options (redis-server's allocator) for keeping freed memory instead of handing
-#: it back to the kernel. Every gradient and parameter vector is a fresh allocation of
-#: megabytes; handed back at once, each is faulted in page by page (and zeroed) by the
-#: kernel again. Redis' resident memory then stays at its peak.
-KEEP_PAGES = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
+#: jemalloc's own defaults (an empty MALLOC_CONF overrides gemq's KEEP_FREED_PAGES): every
+#: freed multi-megabyte value goes back to the kernel at once, and the next one is faulted
+#: in page by page. What gemq's private Redis did before it kept freed pages.
+RELEASE_PAGES = ""
 #: A window lasts until this many updates were applied, up to EXTEND times its length.
 MIN_UPDATES, EXTEND = 4, 5
 
@@ -107,11 +106,13 @@ def synthetic_layout(size: int) -> ParamLayout:
 
 
 @contextlib.contextmanager
-def servers(masters: int, keep_pages: bool = False) -> Iterator[tuple[str, list[EmbeddedRedis]]]:
+def servers(masters: int,
+            release_pages: bool = False) -> Iterator[tuple[str, list[EmbeddedRedis]]]:
     """(URL, server processes): one plain Redis for ``masters=0``, else a Redis Cluster;
-    with ``keep_pages``, their allocator keeps the memory it frees (KEEP_PAGES)."""
+    with ``release_pages``, their allocator hands what it frees back to the kernel at once
+    (RELEASE_PAGES) instead of keeping it (gemq.embedded.KEEP_FREED_PAGES)."""
     with contextlib.ExitStack() as stack:
-        with _environment(MALLOC_CONF=KEEP_PAGES if keep_pages else None):
+        with _environment(MALLOC_CONF=RELEASE_PAGES if release_pages else None):
             if masters == 0:
                 nodes = [stack.enter_context(EmbeddedRedis())]
             else:
@@ -208,13 +209,13 @@ class Rig:
 
 
 def measure(size: int, shards: int, masters: int, window_s: float, producers: int = 2,
-            layout: ParamLayout | None = None, keep_pages: bool = False) -> dict[str, Any]:
+            layout: ParamLayout | None = None, release_pages: bool = False) -> dict[str, Any]:
     """Updates/s of a run of ``size`` parameters in ``shards`` shards on ``masters``
     servers (0: one plain Redis), and what each process spent per update."""
     sizing = Sizing.of(size, shards, producers)
     layout = layout or synthetic_layout(size)
     run_id = spread_run_id(f"bench-s{shards}-m{masters}", shards, masters)
-    with servers(masters, keep_pages) as (url, nodes):
+    with servers(masters, release_pages) as (url, nodes):
         client = connect(url)
         try:
             store = RunStore(client, run_id)
@@ -246,7 +247,7 @@ def measure(size: int, shards: int, masters: int, window_s: float, producers: in
             client.close()
     result["stream_fill"] = round(result.pop("mean_stream_length") / sizing.max_pending, 3)
     return {"parameters": layout.size, "shards": shards, "servers": max(masters, 1),
-            "cluster": masters > 0, "redis_keeps_pages": keep_pages,
+            "cluster": masters > 0, "redis_keeps_pages": not release_pages,
             "producers": producers, "max_pending": sizing.max_pending,
             "read_batch": sizing.read_batch, "kept_snapshots": sizing.kept,
             "shard_mb": round(sizing.shard_bytes / MB, 1), **result}

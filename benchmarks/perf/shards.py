@@ -7,8 +7,10 @@ at full speed (benchmarks/perf/sharded.py):
 - ``s2_two_redis``: two shards on two Redis servers (a Redis Cluster of 2 masters, one
   shard on each), an aggregator process per shard;
 - ``s2_one_redis``: two shards on one Redis, an aggregator process per shard;
-- ``s1_keep_pages``, ``s2_two_redis_keep_pages``: s1 and s2_two_redis with Redis'
-  allocator keeping the memory it frees (sharded.KEEP_PAGES): without it, Redis spends most
+- ``s1_release_pages``, ``s2_two_redis_release_pages``: s1 and s2_two_redis with Redis'
+  allocator handing the memory it frees back to the kernel at once (jemalloc's defaults,
+  sharded.RELEASE_PAGES), as gemq's private Redis did before it kept freed pages
+  (gemq.embedded.KEEP_FREED_PAGES): then Redis spends most
   of its CPU in the kernel, faulting in fresh pages for every multi-megabyte value.
 
 Each is measured twice, interleaved (A B C D E A B C D E): a ratio uses the mean of both,
@@ -39,13 +41,13 @@ from benchmarks.perf.sharded import busiest, measure, role_total
 
 NAME = "shards"
 SIZE = 11_000_000
-#: name -> (shards, masters (0: one plain Redis), whether Redis keeps freed pages)
+#: name -> (shards, masters (0: one plain Redis), whether Redis hands freed pages back)
 CONFIGS = {"s1": (1, 0, False), "s2_two_redis": (2, 2, False), "s2_one_redis": (2, 0, False),
-           "s1_keep_pages": (1, 0, True), "s2_two_redis_keep_pages": (2, 2, True)}
+           "s1_release_pages": (1, 0, True), "s2_two_redis_release_pages": (2, 2, True)}
 #: ratio name -> (configuration, the configuration it is compared with)
 RATIOS = {"two_redis": ("s2_two_redis", "s1"), "one_redis": ("s2_one_redis", "s1"),
-          "two_redis_keep_pages": ("s2_two_redis_keep_pages", "s1_keep_pages"),
-          "s1_keep_pages": ("s1_keep_pages", "s1")}
+          "two_redis_release_pages": ("s2_two_redis_release_pages", "s1_release_pages"),
+          "keep_pages": ("s1", "s1_release_pages")}
 
 
 def run(budget: Budget) -> dict[str, Any]:
@@ -54,9 +56,9 @@ def run(budget: Budget) -> dict[str, Any]:
     rounds = budget.pick(2, 1)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in CONFIGS}
     for _ in range(rounds):
-        for name, (shards, masters, keep_pages) in CONFIGS.items():
+        for name, (shards, masters, release_pages) in CONFIGS.items():
             runs[name].append(measure(size, shards, masters, window_s,
-                                      keep_pages=keep_pages))
+                                      release_pages=release_pages))
     return summarise(runs)
 
 
