@@ -5,11 +5,11 @@ prefix whose braces are a Redis Cluster hash tag, ``gemq:{<run>}:`` for shard 0 
 ``gemq:{<run>/<k>}:`` for shard k by default: a shard lives in one slot, so its
 aggregator's commit script may touch all of its keys, and Redis Cluster places the shards
 by their tags' slots. On a Redis Cluster, run creation may give shard k another tag of the
-form ``<run>/<k>.<n>`` instead, one whose slot a master serves that the other shards leave
-free (gemq/placement.py); those tags are stored run-wide (``shard_tags``) and every
-process finds shard k's keys through them. The run-wide keys (configuration, layout,
-status, shard tags) live in shard 0's slot. A run of one shard has exactly the keys it had
-before shards existed.
+form ``<run>/<k>.<n>`` instead, one whose slot the master placement wants for the shard
+serves (gemq/placement.py: round-robin over the masters); those tags are stored run-wide
+(``shard_tags``) and every process finds shard k's keys through them. The run-wide keys
+(configuration, layout, status, shard tags) live in shard 0's slot. A run of one shard has
+exactly the keys it had before shards existed.
 """
 
 from __future__ import annotations
