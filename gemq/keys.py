@@ -2,10 +2,14 @@
 
 A run's parameters may be split into shards (gemq/shards.py). Each shard's keys share a
 prefix whose braces are a Redis Cluster hash tag, ``gemq:{<run>}:`` for shard 0 and
-``gemq:{<run>/<k>}:`` for shard k: a shard lives in one slot, so its aggregator's commit
-script may touch all of its keys, and Redis Cluster places the shards by their tags' slots.
-The run-wide keys (configuration, layout, status) live in shard 0's slot. A run of one
-shard has exactly the keys it had before shards existed.
+``gemq:{<run>/<k>}:`` for shard k by default: a shard lives in one slot, so its
+aggregator's commit script may touch all of its keys, and Redis Cluster places the shards
+by their tags' slots. On a Redis Cluster, run creation may give shard k another tag of the
+form ``<run>/<k>.<n>`` instead, one whose slot the master placement wants for the shard
+serves (gemq/placement.py: round-robin over the masters); those tags are stored run-wide
+(``shard_tags``) and every process finds shard k's keys through them. The run-wide keys
+(configuration, layout, status, shard tags) live in shard 0's slot. A run of one shard has
+exactly the keys it had before shards existed.
 """
 
 from __future__ import annotations
@@ -33,12 +37,33 @@ def is_valid_worker_id(worker_id: str) -> bool:
     return bool(WORKER_ID_PATTERN.fullmatch(worker_id))
 
 
+def shard_tag(run_id: str, shard: int, attempt: int = 0) -> str:
+    """A hash tag shard ``shard`` of a run may have: the default one (``attempt`` 0), or
+    another candidate of placement's (gemq/placement.py). Run ids cannot hold '/', so no
+    run's tag is another's, and no shard's is another shard's."""
+    if shard == 0:
+        return run_id
+    return f"{run_id}/{shard}" if attempt == 0 else f"{run_id}/{shard}.{attempt}"
+
+
 @dataclass(frozen=True)
 class RunKeys:
     """The key names of one shard of a run (shard 0: also the run-wide ones)."""
 
     run_id: str
     shard: int = 0
+    #: The hash tag run creation placed the shard under (its ``shard_tags`` entry); None:
+    #: the default tag.
+    placed: str | None = None
+
+    def __post_init__(self) -> None:
+        # A stored tag is trusted only in the shape shard_tag makes: deletion finds a run's
+        # keys by run_key_pattern, and no tag may name another run's or shard's keys.
+        if self.placed is not None and not _is_tag_of(self.placed, self.run_id, self.shard):
+            raise ValueError(f"{self.placed!r} is no hash tag of shard {self.shard} "
+                             f"of run {self.run_id!r}")
+        if self.placed == shard_tag(self.run_id, self.shard):  # one value per set of keys
+            object.__setattr__(self, "placed", None)
 
     @property
     def prefix(self) -> str:
@@ -46,17 +71,14 @@ class RunKeys:
 
     @property
     def tag(self) -> str:
-        """The shard's hash tag (run ids cannot hold '/', so no run's tag is another's)."""
-        return self.run_id if self.shard == 0 else f"{self.run_id}/{self.shard}"
+        """The shard's hash tag: the one it was placed under, else the default."""
+        return self.placed or shard_tag(self.run_id, self.shard)
 
     def _key(self, name: str) -> str:
         return self.prefix + name
 
     def _run_key(self, name: str) -> str:
         return f"gemq:{{{self.run_id}}}:{name}"
-
-    def of_shard(self, shard: int) -> RunKeys:
-        return RunKeys(self.run_id, shard)
 
     @property
     def config(self) -> str:
@@ -72,6 +94,12 @@ class RunKeys:
     def status(self) -> str:
         """Run lifecycle hash: state, error, stop_requested, timestamps (run-wide)."""
         return self._run_key("status")
+
+    @property
+    def shard_tags(self) -> str:
+        """Hash: shard index -> its hash tag, for each shard placed under another tag than
+        its default (run-wide; absent when none was)."""
+        return self._run_key("shard_tags")
 
     @property
     def head(self) -> str:
@@ -134,10 +162,17 @@ class RunKeys:
         return self._key("lease")
 
 
+def _is_tag_of(tag: str, run_id: str, shard: int) -> bool:
+    if shard == 0:
+        return tag == run_id
+    return re.fullmatch(rf"{re.escape(run_id)}/{shard}(\.[1-9][0-9]*)?", tag) is not None
+
+
 def run_key_pattern(run_id: str) -> str:
-    """A SCAN MATCH pattern for every key of a run, of every shard: ``gemq:{<run>}:...`` and
-    ``gemq:{<run>/<k>}:...``. Run ids hold no glob characters, '/' or '}', so it matches no
-    other run's keys; ``run_id`` must be valid (``is_valid_run_id``)."""
+    """A SCAN MATCH pattern for every key of a run, of every shard: ``gemq:{<run>}:...``,
+    ``gemq:{<run>/<k>}:...`` and ``gemq:{<run>/<k>.<n>}:...``. Run ids hold no glob
+    characters, '/' or '}', so it matches no other run's keys; ``run_id`` must be valid
+    (``is_valid_run_id``)."""
     if not is_valid_run_id(run_id):
         raise ValueError(f"not a run id: {run_id!r}")
     return f"gemq:{{{run_id}[}}/]*"

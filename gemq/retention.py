@@ -128,13 +128,13 @@ def holds_training_state(client: redis.Redis, shards: list[RunKeys]) -> list[boo
             for i in range(0, len(replies), 3)]
 
 
-def _shard_keys(client: redis.Redis, run_ids: list[str]) -> list[RunKeys]:
-    """The keys of every shard of each run (one GET of its configuration each)."""
+def _shard_stores(client: redis.Redis, run_ids: list[str]) -> list[RunStore]:
+    """A store of every shard of each run (its configuration, and placed tags if it has
+    several shards, read once each)."""
     shards = []
     for run_id in run_ids:
         with contextlib.suppress(RunNotFound):
-            count = RunStore(client, run_id).config().shards
-            shards += [RunKeys(run_id, k) for k in range(count)]
+            shards += RunStore(client, run_id).shards()
     return shards
 
 
@@ -258,11 +258,10 @@ def apply_retention(client: redis.Redis, policy: RetentionPolicy,
     """One sweep over the run index: free the training state of ended runs that still hold
     it, finish deletions cut short, delete the ended runs ``policy`` does not keep."""
     ended, gone = _ended_runs(client)
-    shards = _shard_keys(client, list(ended))
-    holding = holds_training_state(client, shards)
-    released = sorted({keys.run_id for keys, holds in zip(shards, holding, strict=True)
-                       if holds and release_training_state(
-                           RunStore(client, keys.run_id, keys.shard))})
+    shards = _shard_stores(client, list(ended))
+    holding = holds_training_state(client, [store.keys for store in shards])
+    released = sorted({store.run_id for store, holds in zip(shards, holding, strict=True)
+                       if holds and release_training_state(store)})
     deleted = []
     for run_id in gone + policy.doomed(ended, now_ms() if now is None else now):
         try:

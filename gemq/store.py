@@ -2,7 +2,9 @@
 lease holder of a shard, through gemq.leadership.Leadership).
 
 A RunStore speaks for one shard of a run (gemq/shards.py; a run of one shard has only
-shard 0) and for the run-wide state in shard 0's slot: configuration, layout, status.
+shard 0) and for the run-wide state in shard 0's slot: configuration, layout, status, and
+the hash tags run creation placed shards under on a Redis Cluster (gemq/placement.py),
+through which a store of shard k finds the shard's keys.
 Parameters are published as immutable snapshots ``params:<version>`` where the version is the
 number of updates the shard applied so far; ``head`` names the newest. A reader can therefore
 never get a parameter vector with the wrong version: the version is part of the key.
@@ -18,10 +20,10 @@ from typing import Any
 import numpy as np
 import redis
 
-from gemq import scripts
+from gemq import placement, scripts
 from gemq.config import RunConfig
 from gemq.errors import PublishRefused, RunExists, RunNotFound
-from gemq.keys import AGGREGATOR_GROUP, RUNS_INDEX, RunKeys
+from gemq.keys import AGGREGATOR_GROUP, RUNS_INDEX, RunKeys, shard_tag
 from gemq.layout import ParamLayout
 from gemq.shards import ShardPlan
 
@@ -70,16 +72,27 @@ class StepView:
 
 class RunStore:
     """Typed access to one shard of a run (and the run-wide keys); the connection is passed
-    in and owned by the caller."""
+    in and owned by the caller.
 
-    def __init__(self, client: redis.Redis, run_id: str, shard: int = 0) -> None:
+    ``tag``: the shard's hash tag, if the caller has read it (``shards()`` does); otherwise
+    a store of a shard other than 0 reads it from the run's ``shard_tags``."""
+
+    def __init__(self, client: redis.Redis, run_id: str, shard: int = 0,
+                 tag: str | None = None) -> None:
         self.client = client
         # redis-py types replies as unions that depend on decode_responses; this store always
         # works with bytes replies, so its internal calls go through an untyped alias.
         self._r: Any = client
-        self.keys = RunKeys(run_id, shard)
+        if tag is None and shard:
+            tag = self._stored_tag(run_id, shard)
+        self.keys = RunKeys(run_id, shard, tag)
         self._fail = client.register_script(scripts.FAIL)
         self._conclude = client.register_script(scripts.CONCLUDE)
+
+    def _stored_tag(self, run_id: str, shard: int) -> str | None:
+        """The tag run creation placed ``shard`` under; None: it kept its default."""
+        raw = self._r.hget(RunKeys(run_id).shard_tags, shard)
+        return raw.decode() if raw is not None else None
 
     @property
     def run_id(self) -> str:
@@ -95,7 +108,15 @@ class RunStore:
 
     def shards(self) -> list[RunStore]:
         """One store per shard of the run, shard 0 first."""
-        return [self.of_shard(k) for k in range(self.config().shards)]
+        count = self.config().shards
+        placed = self._placed_tags() if count > 1 else {}
+        return [self if k == self.shard else
+                RunStore(self.client, self.run_id, k, placed.get(k, shard_tag(self.run_id, k)))
+                for k in range(count)]
+
+    def _placed_tags(self) -> dict[int, str]:
+        raw = self._r.hgetall(self.keys.shard_tags)
+        return {int(k): v.decode() for k, v in raw.items()}
 
     def plan(self) -> ShardPlan:
         return ShardPlan.of(self.layout(), self.config().shards)
@@ -105,12 +126,14 @@ class RunStore:
     def create(self, config: RunConfig, layout: ParamLayout, params: np.ndarray) -> None:
         """Write a new run: config, layout, each shard's version-0 parameters, empty stream
         and group. Shards 1 and up are written first and the configuration last (with
-        shard 0, in its slot): a run is visible only once it is whole."""
+        shard 0, in its slot, and the shards' placed tags): a run is visible only once it is
+        whole."""
         if self._r.exists(self.keys.config):
             raise RunExists(f"run {self.run_id!r} already exists")
         plan = ShardPlan.of(layout, config.shards)
+        placed = placement.placed_tags(self.client, self.run_id, plan.count)
         for shard in reversed(plan.shards):
-            k = self.keys.of_shard(shard.index)
+            k = RunKeys(self.run_id, shard.index, placed.get(shard.index))
             pipe = self._r.pipeline(transaction=True)  # one slot: the shard's
             pipe.set(k.params(0), as_f32_bytes(params[shard.slice]))
             pipe.zadd(k.versions, {"0": 0})
@@ -121,6 +144,8 @@ class RunStore:
                 pipe.set(k.layout, layout.to_json())
                 pipe.hset(k.status, mapping={"state": RunState.CREATED,
                                              "created_ms": now_ms()})
+                if placed:
+                    pipe.hset(k.shard_tags, mapping=placed)
             pipe.execute()
         self._r.zadd(RUNS_INDEX, {self.run_id: now_ms()})
 
@@ -198,18 +223,20 @@ class RunStore:
         sets its own, in its own slot): failed as soon as one shard failed, otherwise once
         every shard ended, finished if all did. Idempotent; returns the run's state if it
         has ended."""
-        heads = [s.head() for s in self.shards()]
+        shards = self.shards()
+        heads = [s.head() for s in shards]
         failed = next((h for h in heads if h.state == RunState.FAILED), None)
         if failed is None and not all(h.state in ENDED for h in heads):
             return None
         state = (RunState.FAILED if failed else RunState.FINISHED
                  if all(h.state == RunState.FINISHED for h in heads) else RunState.STOPPED)
-        error = self.shard_error(heads.index(failed)) if failed else ""
+        error = shards[heads.index(failed)].shard_error() if failed else ""
         self._conclude(keys=[self.keys.status], args=[state, now_ms(), error])
         return self.state()
 
-    def shard_error(self, shard: int) -> str:
-        raw = self._r.hget(self.keys.of_shard(shard).head, "error")
+    def shard_error(self) -> str:
+        """Why this shard failed, as its aggregator wrote it into the shard's head."""
+        raw = self._r.hget(self.keys.head, "error")
         return raw.decode() if raw is not None else ""
 
     def counters(self) -> dict[str, int]:

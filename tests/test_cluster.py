@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterator
 
 import numpy as np
@@ -14,9 +15,12 @@ from redis.cluster import RedisCluster
 from gemq.cluster import EmbeddedCluster
 from gemq.connection import connect, is_cluster
 from gemq.embedded import EmbeddedRedis
-from gemq.keys import RunKeys
+from gemq.errors import RunBusy
+from gemq.keys import run_key_pattern
 from gemq.local import train
-from tests.helpers import GemqProcess, wait_for
+from gemq.retention import RetentionPolicy, apply_retention, delete_run, holds_training_state
+from gemq.store import RunState, RunStore
+from tests.helpers import GemqProcess, small_run, wait_for
 from tests.test_api import start_api
 from tests.test_shards import lockstep
 
@@ -44,10 +48,57 @@ def test_any_nodes_url_gives_a_cluster_client(cluster: EmbeddedCluster,
     assert not isinstance(redis_client, RedisCluster) and not is_cluster(redis_client)
 
 
-def test_shards_spread_over_the_masters(cluster_client: redis.Redis) -> None:
+def masters_holding(store: RunStore) -> list[str]:
+    """The master each shard's head is stored on, asked of the masters themselves (as a
+    process that opens the run finds the shards: by the run's stored tags)."""
+    cluster: RedisCluster = store.client  # type: ignore[assignment]
+    holder = {key.decode(): node.name for node in cluster.get_primaries()
+              for key in cluster.get_redis_connection(node).scan_iter(
+                  match=run_key_pattern(store.run_id))}
+    found = []
+    for shard in store.shards():
+        assert RunStore(cluster, store.run_id, shard.shard).keys == shard.keys
+        found.append(holder[shard.keys.head])
+    return found
+
+
+def test_shards_spread_over_the_masters_whatever_the_run_id(
+        cluster_client: redis.Redis) -> None:
+    for i in range(20):
+        store = small_run(cluster_client, f"run-20261203-1942{i:02d}-{i * 7919:05x}",
+                          shards=3)
+        assert len(set(masters_holding(store))) == 3, store.run_id
+    six = small_run(cluster_client, "six", shards=6)
+    assert sorted(Counter(masters_holding(six)).values()) == [2, 2, 2]
+    one = small_run(cluster_client, "one")
+    assert not cluster_client.exists(one.keys.shard_tags)
+    assert {k.decode() for k in cluster_client.scan_iter(match=run_key_pattern("one"))} == {
+        one.keys.config, one.keys.layout, one.keys.status, one.keys.head, one.keys.params(0),
+        one.keys.versions, one.keys.gradients}
+
+
+def test_an_ended_placed_run_is_freed_and_deleted_on_every_master(
+        cluster_client: redis.Redis) -> None:
+    lockstep(cluster_client, "placed", 10, algo="gem", shards=3)
+    store = RunStore(cluster_client, "placed")
+    assert cluster_client.hlen(store.keys.shard_tags) > 0  # else this id tests nothing new
+    for shard in store.shards():
+        cluster_client.hset(shard.keys.head, "state", RunState.FINISHED)
+    assert store.conclude() == RunState.FINISHED
+    shards = store.shards()
+    assert any(holds_training_state(cluster_client, [s.keys for s in shards]))
+    swept = apply_retention(cluster_client, RetentionPolicy(keep_runs=0))
+    assert swept.released == ["placed"] and swept.deleted == []
+    assert not any(holds_training_state(cluster_client, [s.keys for s in shards]))
+    cluster_client.delete(store.keys.lease)  # shard 0's aggregator left; the others lead
+    with pytest.raises(RunBusy, match="held by an aggregator"):
+        delete_run(cluster_client, "placed")
+    for shard in shards[1:]:
+        cluster_client.delete(shard.keys.lease)
+    assert delete_run(cluster_client, "placed").keys > 3 * 5
     cluster: RedisCluster = cluster_client  # type: ignore[assignment]
-    nodes = {cluster.get_node_from_key(RunKeys("spread", k).head).name for k in range(3)}
-    assert len(nodes) >= 2, nodes  # three masters, three slots: not all on one
+    for node in cluster.get_primaries():
+        assert not list(cluster.get_redis_connection(node).scan_iter(match="gemq:*placed*"))
 
 
 def test_sharded_runs_on_a_cluster_end_as_the_unsharded_run_on_one_redis(

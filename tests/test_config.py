@@ -17,6 +17,7 @@ from gemq.keys import (
     RunKeys,
     is_valid_run_id,
     is_valid_worker_id,
+    shard_tag,
 )
 
 DEFAULTS = {
@@ -190,7 +191,7 @@ def _all_keys(keys: RunKeys) -> dict[str, str]:
     """Every key name RunKeys can produce, found by introspection so new kinds are covered."""
     found: dict[str, str] = {}
     for name, member in inspect.getmembers(RunKeys):
-        if name.startswith("_") or name in ("prefix", "tag", "of_shard"):
+        if name.startswith("_") or name in ("prefix", "tag"):
             continue
         if isinstance(member, property):
             found[name] = getattr(keys, name)
@@ -208,6 +209,7 @@ def test_every_key_of_a_run_carries_the_hash_tag() -> None:
         "config": "gemq:{exp-1}:config",
         "layout": "gemq:{exp-1}:layout",
         "status": "gemq:{exp-1}:status",
+        "shard_tags": "gemq:{exp-1}:shard_tags",
         "head": "gemq:{exp-1}:head",
         "params": "gemq:{exp-1}:params:7",
         "versions": "gemq:{exp-1}:versions",
@@ -224,7 +226,7 @@ def test_every_key_of_a_run_carries_the_hash_tag() -> None:
     }
 
 
-RUN_WIDE = {"config", "layout", "status"}
+RUN_WIDE = {"config", "layout", "status", "shard_tags"}
 
 
 def test_each_shard_has_its_own_slot_and_the_run_wide_keys_stay_in_shard_0s() -> None:
@@ -238,6 +240,22 @@ def test_each_shard_has_its_own_slot_and_the_run_wide_keys_stay_in_shard_0s() ->
             assert key_slot(key.encode()) == key_slot(b"exp-1/2")
     slots = {key_slot(RunKeys("exp-1", k).head.encode()) for k in range(16)}
     assert len(slots) == 16  # shards spread over a cluster's slots (and so its masters)
+
+
+def test_a_placed_shard_takes_its_tag_and_a_foreign_tag_is_refused() -> None:
+    default, placed = _all_keys(RunKeys("exp-1", 2)), _all_keys(RunKeys("exp-1", 2, "exp-1/2.7"))
+    for name, key in placed.items():
+        if name in RUN_WIDE:
+            assert key == default[name]
+        else:
+            assert key == default[name].replace("{exp-1/2}", "{exp-1/2.7}")
+    assert shard_tag("exp-1", 2, 7) == "exp-1/2.7" and shard_tag("exp-1", 0, 7) == "exp-1"
+    assert RunKeys("exp-1", 2, "exp-1/2").prefix == "gemq:{exp-1/2}:"
+    for foreign in ("exp-1/3.7", "exp-2/2.7", "exp-1", "exp-1/2.", "exp-1/2.0", "x}y", "*"):
+        with pytest.raises(ValueError, match="no hash tag of shard 2"):
+            RunKeys("exp-1", 2, foreign)
+    with pytest.raises(ValueError, match="no hash tag of shard 0"):
+        RunKeys("exp-1", 0, "exp-1/0.1")
 
 
 def test_keys_of_a_run_share_one_cluster_slot_and_runs_do_not_collide() -> None:

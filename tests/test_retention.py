@@ -177,6 +177,7 @@ def test_delete_removes_every_key_of_the_run_and_no_other(redis_client: redis.Re
     assert aggregate(store) == RunState.FINISHED
     neighbour = ended_run(redis_client, "r10")  # its id starts with the other's
     redis_client.set("gemq:{r1/1}:head", b"a shard's key")
+    redis_client.set("gemq:{r1/1.3}:head", b"a shard's key, placed on a cluster's master")
     redis_client.set("gemq:{r1x/1}:head", b"another run's shard")
     deleted = delete_run(redis_client, "r1")
     assert deleted.keys >= 12 and deleted.job_id is None

@@ -132,6 +132,7 @@ def test_a_run_of_one_shard_has_exactly_the_keys_it_had_before_shards(
     assert all(k.startswith("gemq:{one}:") for k in keys if "one" in k)
     lockstep(redis_client, "two", 3, algo="gem", shards=2)
     assert any(k.decode().startswith("gemq:{two/1}:") for k in redis_client.scan_iter("gemq:*"))
+    assert not redis_client.exists("gemq:{two}:shard_tags")  # a plain Redis places nothing
 
 
 # --- shards on their own ----------------------------------------------------------------
