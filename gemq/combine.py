@@ -53,8 +53,10 @@ def latest_state(stores: Sequence[RunStore]) -> tuple[tuple[int, ...], np.ndarra
 
 
 def shard_table(stores: Sequence[RunStore]) -> list[dict[str, Any]]:
-    """One row per shard: its version, counts, and its aggregator's latest energy ratio,
-    median pi and staleness (for a sharded run's views)."""
+    """One row per shard: its version, counts, its leader (the lease holder's token, None
+    while no aggregator leads it), its backlog (slices in its stream not yet committed:
+    what worker backpressure compares with max_pending), and its aggregator's latest energy
+    ratio, median pi and staleness (for a sharded run's views)."""
     table = []
     for store, head in zip(stores, heads(stores), strict=True):
         shard_counters = store.counters()
@@ -62,7 +64,8 @@ def shard_table(stores: Sequence[RunStore]) -> list[dict[str, Any]]:
         row = latest[0][1] if latest else {}
         table.append({
             "shard": store.shard, "version": head.version, "updates": head.updates,
-            "state": head.state, "applied": shard_counters.get("applied", 0),
+            "state": head.state, "leader": store.leader(),
+            "backlog": store.step_view().pending, "applied": shard_counters.get("applied", 0),
             "rejected": sum(v for k, v in shard_counters.items() if k.startswith("rejected:")),
             "energy_ratio": _number(row.get("energy_ratio")),
             "median_pi": _number(row.get("median_pi")),
