@@ -90,6 +90,7 @@ def test_dashboard_shows_each_shard_of_a_sharded_run(api_url: str) -> None:
             wait_for(lambda: _matches_api(page, api), timeout_s=30,
                      what=f"the page's shard table equal to the API's: {_table(page)}")
 
+            _compared_it_says_its_series_are_shard_0s(page)
             _a_run_of_one_shard_has_no_table(page, api)
             assert errors == []
 
@@ -127,6 +128,14 @@ def _watch_the_shards_live(page: Page) -> None:
     page.wait_for_function(
         "document.querySelector('#stat-updates').textContent"
         " === gemqDashboard.state.view.progress.updates.toLocaleString('en-US')", timeout=5_000)
+
+
+def _compared_it_says_its_series_are_shard_0s(page: Page) -> None:
+    page.check(f'#run-list li[data-run-id="{SHARDED}"] input[data-action=compare]')
+    note = f'#compare-legend li[data-run-id="{SHARDED}"] .shard-note'
+    page.wait_for_selector(note, timeout=10_000)
+    assert page.text_content(note) == f"shard 0 of {SHARDS}"
+    page.click("#tab-run")
 
 
 def _a_run_of_one_shard_has_no_table(page: Page, api: httpx.Client) -> None:

@@ -76,6 +76,7 @@ def run_summary(store: RunStore, queue: redis.Redis) -> dict[str, Any]:
         "run_id": store.run_id, "state": status["state"],
         "job": job_state(queue, status.get("job_id")),
         "algo": config.algo, "model": config.model, "dataset": config.dataset,
+        "shard_count": config.shards,
         "progress": {"updates": head.updates, "budget": config.budget_updates,
                      "fraction": round(head.updates / config.budget_updates, 4)},
         **{k: int(status[k]) if k in status else None
