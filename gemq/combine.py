@@ -52,17 +52,22 @@ def latest_state(stores: Sequence[RunStore]) -> tuple[tuple[int, ...], np.ndarra
     return versions, np.concatenate([params for _, params in parts])
 
 
-def shard_table(stores: Sequence[RunStore]) -> list[dict[str, Any]]:
-    """One row per shard: its version, counts, and its aggregator's latest energy ratio,
-    median pi and staleness (for a sharded run's views)."""
+def shard_table(stores: Sequence[RunStore],
+                shard_heads: Sequence[Head] | None = None) -> list[dict[str, Any]]:
+    """One row per shard: its version, counts, its leader (the lease holder's token, None
+    while no aggregator leads it), its backlog (slices in its stream not yet committed:
+    what worker backpressure compares with max_pending), and its aggregator's latest energy
+    ratio, median pi and staleness (for a sharded run's views). ``shard_heads``: heads the
+    caller read already, so that its progress and the table agree."""
     table = []
-    for store, head in zip(stores, heads(stores), strict=True):
+    for store, head in zip(stores, shard_heads or heads(stores), strict=True):
         shard_counters = store.counters()
         latest = store.latest_metrics(1)
         row = latest[0][1] if latest else {}
         table.append({
             "shard": store.shard, "version": head.version, "updates": head.updates,
-            "state": head.state, "applied": shard_counters.get("applied", 0),
+            "state": head.state, "leader": store.leader(),
+            "backlog": store.step_view().pending, "applied": shard_counters.get("applied", 0),
             "rejected": sum(v for k, v in shard_counters.items() if k.startswith("rejected:")),
             "energy_ratio": _number(row.get("energy_ratio")),
             "median_pi": _number(row.get("median_pi")),

@@ -243,6 +243,12 @@ class RunStore:
         raw = self._r.hgetall(self.keys.counters)
         return {k.decode(): int(v) for k, v in raw.items()}
 
+    def leader(self) -> str | None:
+        """The token of the aggregator holding the shard's lease (host:pid:nonce), or None
+        while no aggregator leads it."""
+        raw = self._r.get(self.keys.lease)
+        return raw.decode() if raw is not None else None
+
     # --- the worker's side ------------------------------------------------------------
 
     def step_view(self) -> StepView:

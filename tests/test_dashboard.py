@@ -141,6 +141,8 @@ def _watch_and_stop(page: Page, api: httpx.Client, api_url: str, errors: list[st
                            " >= 2", timeout=15_000)
     assert errors == []
     assert page.locator("#pi-heatmap canvas").count() == 1
+    assert page.is_hidden("#shards-card")  # a run of one shard has no shard table
+    assert page.locator(".shard-note:visible").count() == 0
     assert page.text_content("#run-state") == "running"
     assert page.locator(f'#run-list li[data-run-id="{RUN}"]').count() == 1
     assert page.get_attribute("#connection", "data-state") == "live"

@@ -92,6 +92,7 @@ def _compare_both(page: Page, api: httpx.Client, api_url: str) -> None:
     for i, (run, algo) in enumerate((FINISHED, LIVE)):
         text = items.nth(i).inner_text()
         assert run in text and algo in text
+        assert items.nth(i).locator(".shard-note").count() == 0  # runs of one shard
         link = items.nth(i).locator("a[data-testid=csv-link]")
         assert link.get_attribute("href") == f"api/runs/{run}/metrics.csv"
         assert link.evaluate("a => a.href") == f"{api_url}/api/runs/{run}/metrics.csv"

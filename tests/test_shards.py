@@ -271,3 +271,19 @@ def test_the_service_enqueues_one_aggregation_job_per_shard(redis_client: redis.
     view = views.run_view(store, redis_client)
     assert [s["shard"] for s in view["shards"]] == [0, 1, 2]
     assert view["progress"]["updates"] == 0
+
+
+def test_the_run_view_names_each_shards_leader_and_backlog(redis_client: redis.Redis) -> None:
+    from gemq.services.api import views
+
+    store = create_run(redis_client, RunConfig(run_id="led", model="logreg",
+                                               dataset="digits", shards=2))
+    plan = store.plan()
+    _publish_slices(store.of_shard(1), plan, np.zeros((3, plan.size), np.float32))
+    lead = Leadership(store, "host:1:0badcafe", lease_ms=5000)
+    assert lead.acquire()
+    view = views.run_view(store, redis_client)
+    assert [(s["leader"], s["backlog"]) for s in view["shards"]] == [
+        ("host:1:0badcafe", 0), (None, 3)]
+    lead.release()
+    assert views.run_view(store, redis_client)["shards"][0]["leader"] is None

@@ -10,7 +10,7 @@ import redis
 
 from gemq import combine
 from gemq.errors import RunNotFound
-from gemq.store import RunStore, now_ms, run_ids
+from gemq.store import Head, RunStore, now_ms, run_ids
 
 from ..jobs import job_state
 
@@ -68,14 +68,17 @@ def worker_view(worker_id: str, state: dict[str, str], now: int) -> dict[str, An
     }
 
 
-def run_summary(store: RunStore, queue: redis.Redis) -> dict[str, Any]:
-    """``queue``: the client of the Redis holding the rq queue (its job's state)."""
+def run_summary(store: RunStore, queue: redis.Redis,
+                heads: list[Head] | None = None) -> dict[str, Any]:
+    """``queue``: the client of the Redis holding the rq queue (its job's state); ``heads``:
+    the shards' heads, when the caller read them already."""
     status, config = store.status(), store.config()
-    head = combine.slowest(combine.heads(store.shards()))
+    head = combine.slowest(heads or combine.heads(store.shards()))
     return {
         "run_id": store.run_id, "state": status["state"],
         "job": job_state(queue, status.get("job_id")),
         "algo": config.algo, "model": config.model, "dataset": config.dataset,
+        "shard_count": config.shards,
         "progress": {"updates": head.updates, "budget": config.budget_updates,
                      "fraction": round(head.updates / config.budget_updates, 4)},
         **{k: int(status[k]) if k in status else None
@@ -85,18 +88,19 @@ def run_summary(store: RunStore, queue: redis.Redis) -> dict[str, Any]:
 
 def run_view(store: RunStore, queue: redis.Redis) -> dict[str, Any]:
     shards = store.shards()
+    heads = combine.heads(shards)  # one read for the progress and the shard table
     recent = recent_metrics(store)
     latest = dict(recent[-1]) if recent else {}
     if latest:
         latest["updates_per_s"] = updates_per_s(recent)
     now = now_ms()
     return {
-        **run_summary(store, queue),
+        **run_summary(store, queue, heads),
         "config": json.loads(store.config().to_json()),
         "tensors": [t.name for t in store.layout().params],  # the heat map's rows
         "latest": latest,
         "counters": combine.counters(shards),
-        "shards": combine.shard_table(shards),
+        "shards": combine.shard_table(shards, heads),
         # The most recently heard from; the total says how many there are in all.
         "workers": [worker_view(w, s, now) for w, s in store.worker_states().items()],
         "workers_total": store.worker_count(),

@@ -53,6 +53,7 @@ function legendItem(entry) {
   return `<li class="compare-item" data-run-id="${id}" data-testid="compare-item">
     <span class="swatch-line" style="background:${esc(entry.colour)}" aria-hidden="true"></span>
     <span class="compare-name"><span class="run-id">${id}</span>${run.algo ? ` <span class="algo">${esc(run.algo)}</span>` : ""}</span>
+    ${run.shard_count > 1 ? `<span class="shard-note" title="A sharded run's series are its shard 0's metrics rows">shard 0 of ${esc(run.shard_count)}</span>` : ""}
     <span class="badge state-${esc(run.state || "unknown")}">${esc(run.state || "unknown")}</span>
     <span class="muted compare-rows" data-rows>${fmtInt(entry.count)} rows</span>
     ${entry.error ? `<span class="error-text compare-error">${esc(entry.error)}</span>` : ""}
@@ -69,7 +70,7 @@ function renderLegend(runs) {
   const list = $("#compare-legend");
   const signature = JSON.stringify(runs.map((r) => {
     const run = runSummary(r.id) || {};
-    return [r.id, r.colour, run.algo, run.state, r.error];
+    return [r.id, r.colour, run.algo, run.shard_count, run.state, r.error];
   }));
   if (signature !== list.dataset.signature) {
     list.dataset.signature = signature;

@@ -1,5 +1,6 @@
 // Drawing the selected run: its header (state, job, progress, times, config), the stat
-// tiles, the charts and the workers table, batched into one animation frame.
+// tiles, the shards table, the charts and the workers table, batched into one animation
+// frame.
 
 import { serverNow } from "./api.js";
 import { duration, esc, fmt, fmtInt, num } from "./format.js";
@@ -7,6 +8,7 @@ import { heatmap } from "./heatmap.js";
 import { lineChart } from "./linechart.js";
 import { $ } from "./page.js";
 import { lastOf, rateSeries, seriesOf, smooth } from "./series.js";
+import { renderShards, rowsAxis } from "./shards.js";
 import { ENDED, jobState, state } from "./state.js";
 import { renderWorkers, tickWorkers } from "./workers.js";
 
@@ -20,6 +22,7 @@ export function invalidate(...parts) {
     const { rows, view } = state.dirty;
     state.dirty.rows = state.dirty.view = false;
     if (view) renderRunHead();
+    if (view) renderShards();
     if (view) renderWorkers();
     if (view || rows) renderStats();
     if (rows || view) renderCharts();
@@ -102,7 +105,9 @@ function renderStats() {
   let rejected = 0;
   for (const [k, v] of Object.entries(counters)) if (k.startsWith("rejected")) rejected += num(v) || 0;
   const rate = Number.isNaN(num(l.updates_per_s)) ? lastOf(rateSeries(state.rows)) : num(l.updates_per_s);
-  $("#stat-updates").textContent = fmtInt(l.updates);
+  // The run's updates (its slowest shard's, as the progress bar); the rows are shard 0's.
+  const progress = (state.view && state.view.progress) || {};
+  $("#stat-updates").textContent = fmtInt(progress.updates ?? l.updates);
   $("#stat-loss").textContent = fmt(l.loss, 4);
   $("#stat-energy").textContent = fmt(l.energy_ratio);
   $("#stat-pi").textContent = fmt(l.median_pi);
@@ -121,13 +126,14 @@ function renderCharts() {
   // One x range (updates) for every chart, so that they line up.
   const xs = rows.map((r) => r.updates).filter(Number.isFinite);
   const xDomain = xs.length ? [xs[0], xs[xs.length - 1]] : null;
+  const axis = rowsAxis(state.view);
   const loss = seriesOf(rows, "loss");
   lineChart($("#loss-chart"), {
     series: [
       { name: "loss", points: loss, cls: "s-raw" },
       { name: "smoothed", points: smooth(loss), cls: "s-main" },
     ],
-    yZero: true, readout: $("#loss-readout"), hover: 0, xDomain, legend: true, robust: true,
+    yZero: true, readout: $("#loss-readout"), hover: 0, xDomain, ...axis, legend: true, robust: true,
   });
   const accuracy = seriesOf(rows, "accuracy");
   lineChart($("#accuracy-chart"), {
@@ -135,7 +141,7 @@ function renderCharts() {
       { name: "accuracy", points: accuracy, cls: "s-raw" },
       { name: "smoothed", points: smooth(accuracy), cls: "s-main" },
     ],
-    yDomain: [0, 1], readout: $("#accuracy-readout"), hover: 0, xDomain, legend: true,
+    yDomain: [0, 1], readout: $("#accuracy-readout"), hover: 0, xDomain, ...axis, legend: true,
   });
   const energy = seriesOf(rows, "energy_ratio");
   lineChart($("#energy-chart"), {
@@ -144,18 +150,18 @@ function renderCharts() {
       { name: "smoothed", points: smooth(energy), cls: "s-energy" },
     ],
     refs: [{ y: 1, label: "1 = compliance" }],
-    yZero: true, readout: $("#energy-readout"), hover: 0, xDomain, legend: true, robust: true,
+    yZero: true, readout: $("#energy-readout"), hover: 0, xDomain, ...axis, legend: true, robust: true,
   });
   lineChart($("#rate-chart"), {
     series: [{ name: "updates/s", points: rateSeries(rows), cls: "s-rate" }],
-    yZero: true, readout: $("#rate-readout"), hover: 0, xDomain,
+    yZero: true, readout: $("#rate-readout"), hover: 0, xDomain, ...axis,
   });
   lineChart($("#staleness-chart"), {
     series: [
       { name: "max", points: seriesOf(rows, "staleness_max"), cls: "s-raw-alt" },
       { name: "mean", points: seriesOf(rows, "staleness_mean"), cls: "s-stale" },
     ],
-    yZero: true, readout: $("#staleness-readout"), hover: 1, xDomain, legend: true,
+    yZero: true, readout: $("#staleness-readout"), hover: 1, xDomain, ...axis, legend: true,
   });
   const tensors = (state.view && state.view.tensors) || [];
   const piMax = num(state.view && state.view.config && state.view.config.pi_max);
