@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from gemq.store import Head, RunStore
+from gemq.store import ENDED, Head, RunStore
 
 #: Counters where the run's value is the smallest over its shards (a gradient counts once
 #: all of its slices do); every other counter takes the largest.
@@ -56,7 +56,8 @@ def shard_table(stores: Sequence[RunStore],
                 shard_heads: Sequence[Head] | None = None) -> list[dict[str, Any]]:
     """One row per shard: its version, counts, its leader (the lease holder's token, None
     while no aggregator leads it), its backlog (slices in its stream not yet committed:
-    what worker backpressure compares with max_pending), and its aggregator's latest energy
+    what worker backpressure compares with max_pending; 0 once the shard has ended, when
+    what is left there is counted unused), and its aggregator's latest energy
     ratio, median pi and staleness (for a sharded run's views). ``shard_heads``: heads the
     caller read already, so that its progress and the table agree."""
     table = []
@@ -67,7 +68,8 @@ def shard_table(stores: Sequence[RunStore],
         table.append({
             "shard": store.shard, "version": head.version, "updates": head.updates,
             "state": head.state, "leader": store.leader(),
-            "backlog": store.step_view().pending, "applied": shard_counters.get("applied", 0),
+            "backlog": 0 if head.state in ENDED else store.step_view().pending,
+            "applied": shard_counters.get("applied", 0),
             "rejected": sum(v for k, v in shard_counters.items() if k.startswith("rejected:")),
             "energy_ratio": _number(row.get("energy_ratio")),
             "median_pi": _number(row.get("median_pi")),
