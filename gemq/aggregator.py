@@ -389,21 +389,20 @@ class Aggregator:
             due = (idle and leader.window_entries) or leader.commit_due()
             plan = leader.close() if due else None
             request = self._next_read(leader, read)
-            if plan is not None:
-                read = self._commit(plan, leader, request)
-            else:
-                read = self.lead.read(request.count, pending_after=request.pending_after,
-                                      block_ms=request.block_ms)
+            read = (self._commit(plan, leader, request) if plan is not None
+                    else self.lead.read(request))
 
     def _next_read(self, leader: Leader, last: BatchRead) -> ReadRequest:
-        """The next read: at a window's start every unacknowledged entry is read again from
-        the pending list (a deposed leader's read, a lost reply); within a window only those
-        past the entries already taken. It waits for new entries, inside the same round
-        trip, once the pending list is known to be drained."""
-        count = leader.read_count
-        drained = last.pending < count
-        return ReadRequest(count, leader.last_id if leader.window_entries else "0",
-                           self._idle_block_ms if drained else 0)
+        """The next read: new entries, waiting for them inside the same round trip; but
+        pending entries only while the pending list may hold entries nobody took (the
+        term's first read takes both). Those are read from the list's start at a window's
+        start, and past the entries already taken within one: each entry is delivered
+        once, unless a deposed leader's read interleaves."""
+        count, taken = leader.read_count, leader.window_entries
+        if last.backlog:
+            return ReadRequest(count, new=False, taken=taken,
+                               pending_after=leader.last_id if taken else "0")
+        return ReadRequest(count, pending=False, taken=taken, block_ms=self._idle_block_ms)
 
     @overload
     def _commit(self, plan: CommitPlan, leader: Leader) -> None: ...

@@ -4,7 +4,8 @@ Only the aggregator holding a shard's lease reads its gradient stream and commit
 commit is one Lua script (gemq/scripts.py: COMMIT) that first checks the lease is still
 the caller's, then that the head is the one the window was computed from: a deposed leader
 writes nothing. Reads need no fence: a deposed leader's read only moves entries into the
-pending list, which the leader reads again at the start of every window.
+pending list. Every read also counts the pending list, so the leader knows when it holds
+entries the leader has not taken, and reads them before anything new.
 """
 
 from __future__ import annotations
@@ -55,11 +56,29 @@ class CommitPlan:
 
 @dataclass(frozen=True)
 class ReadRequest:
-    """How the aggregator's next read is made (see Leadership.read)."""
+    """How the aggregator's next read is made (see Leadership.read). The defaults make a
+    new leader's first read: the whole pending list, then new entries."""
 
     count: int
+    #: Read entries delivered before and not acknowledged, with ids above pending_after.
+    pending: bool = True
     pending_after: str = "0"
+    #: Read new entries (after the pending ones, when both are read).
+    new: bool = True
+    #: Entries the reader took and has not acknowledged yet, all with ids up to
+    #: pending_after: the pending list holds these, and whatever else it holds nobody took.
+    taken: int = 0
+    #: How long a read of new entries may wait for one (ms; 0: not at all).
     block_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.pending or self.new):
+            raise ValueError("a read reads pending entries, new ones, or both")
+
+    @property
+    def replies(self) -> int:
+        """Replies the read adds to a pipeline (Leadership._queue_read)."""
+        return 3 + self.pending + self.new
 
 
 @dataclass(frozen=True)
@@ -72,8 +91,10 @@ class BatchRead:
     failed: bool
     #: (stream id, fields or None): unacknowledged entries first, then new ones.
     entries: list[tuple[str, Fields | None]]
-    #: How many of the entries came from the pending list.
-    pending: int
+    #: Whether the pending list may still hold entries nobody took (a predecessor's batch,
+    #: a deposed leader's read, a read whose reply was lost): the next read should read
+    #: pending entries only, as new ones would pass them.
+    backlog: bool
 
 
 class Leadership:
@@ -93,8 +114,8 @@ class Leadership:
     def release(self) -> None:
         self._release(keys=[self.keys.lease], args=[self.token])
 
-    def read(self, count: int, *, pending_after: str = "0", block_ms: int = 0) -> BatchRead:
-        """Renew the lease and read a batch, in one round trip.
+    def read(self, request: ReadRequest | int) -> BatchRead:
+        """Renew the lease and read a batch, in one round trip (a count n: ReadRequest(n)).
 
         Entries delivered earlier but never acknowledged (a previous leader's batch, one
         whose reply was lost) with ids above ``pending_after`` come before new ones. With
@@ -102,11 +123,13 @@ class Leadership:
         idle leader waits without another round trip. Fields are None for an entry deleted
         while pending.
         """
-        request = ReadRequest(count, pending_after, block_ms)
+        if isinstance(request, int):
+            request = ReadRequest(request)
         # A read whose script Redis lacked still moved entries into the pending list; the
-        # second attempt reads them from there.
-        replies = self._with_scripts(lambda pipe: self._queue_read(pipe, request))
-        return self._read_result(replies, count)
+        # second attempt counts them there, and reads them before new ones.
+        read = request
+        replies = self._with_scripts(lambda pipe: self._queue_read(pipe, read))
+        return self._read_result(replies, read)
 
     def commit(self, plan: CommitPlan, params: np.ndarray) -> bool:
         """Apply ``plan`` atomically; False if the head had already moved past prev_id."""
@@ -125,8 +148,8 @@ class Leadership:
             self._queue_read(pipe, request)
 
         replies = self._with_scripts(both)
-        committed = _commit_result(replies[-READ_REPLIES - 1])
-        return committed, self._read_result(replies[-READ_REPLIES:], request.count)
+        committed = _commit_result(replies[-request.replies - 1])
+        return committed, self._read_result(replies[-request.replies:], request)
 
     def _with_scripts(self, build: Callable[[Any], None]) -> list[Any]:
         """Run a pipeline that calls scripts by SHA; load them if Redis lacks them.
@@ -148,30 +171,37 @@ class Leadership:
         return replies
 
     def _queue_read(self, pipe: Any, request: ReadRequest) -> None:
-        """READ_REPLIES commands: renew, the run's status, pending entries, new entries."""
+        """request.replies commands: renew, the run's status, the pending list's size, then
+        the pending entries and the new ones asked for."""
         k = self.keys
         _call_script(pipe, self._renew, [k.lease], [self.token, self.lease_ms])
         pipe.hmget(k.status, ["stop_requested", "state"])
-        pipe.xreadgroup(AGGREGATOR_GROUP, AGGREGATOR_CONSUMER,
-                        {k.gradients: request.pending_after}, count=request.count)
-        pipe.xreadgroup(AGGREGATOR_GROUP, AGGREGATOR_CONSUMER, {k.gradients: ">"},
-                        count=request.count, block=request.block_ms or None)
+        pipe.xpending(k.gradients, AGGREGATOR_GROUP)
+        if request.pending:
+            pipe.xreadgroup(AGGREGATOR_GROUP, AGGREGATOR_CONSUMER,
+                            {k.gradients: request.pending_after}, count=request.count)
+        if request.new:
+            pipe.xreadgroup(AGGREGATOR_GROUP, AGGREGATOR_CONSUMER, {k.gradients: ">"},
+                            count=request.count, block=request.block_ms or None)
 
-    def _read_result(self, replies: list[Any], count: int) -> BatchRead:
-        renew, status, pending, new = replies
-        for reply in (renew, status, pending, new):
+    def _read_result(self, replies: list[Any], request: ReadRequest) -> BatchRead:
+        renew, status, summary, *reads = replies
+        for reply in replies:
             if isinstance(reply, redis.ResponseError) and str(reply).startswith("NOGROUP"):
                 raise RunNotFound(f"run {self.store.run_id!r}: its gradient stream is gone")
             if isinstance(reply, Exception):
                 raise _fenced_or(reply) if isinstance(reply, redis.ResponseError) else reply
         stop, failed = status[0] is not None, status[1] == RunState.FAILED.encode()
-        pending_entries = _entries(pending)
-        if len(pending_entries) >= count:
-            # More may be pending than one read returns. The new entries are in the pending
-            # list now, after those: taken here, they would move the commit's trim past
-            # pending entries not applied yet. They come back through the pending reads.
-            return BatchRead(stop, failed, pending_entries, len(pending_entries))
-        return BatchRead(stop, failed, pending_entries + _entries(new), len(pending_entries))
+        pending = _entries(reads[0]) if request.pending else []
+        # Counted before this read's entries were: the pending list held the entries taken
+        # before, and these, nobody's.
+        untaken = _held(summary) - request.taken - len(pending)
+        if untaken > 0:
+            # Entries nobody took are still pending, older than any new ones this read
+            # took: those stay pending behind them, and come back through pending reads.
+            return BatchRead(stop, failed, pending, backlog=True)
+        new = _entries(reads[-1]) if request.new else []
+        return BatchRead(stop, failed, pending + new, backlog=False)
 
     def _queue_commit(self, pipe: Any, plan: CommitPlan, params: np.ndarray) -> None:
         """SETs of the staging keys (or a no-op), then the commit script.
@@ -210,10 +240,6 @@ class Leadership:
         _call_script(pipe, self._commit, keys, [token, self.lease_ms, encoded])
 
 
-#: Replies of one read (Leadership._queue_read).
-READ_REPLIES = 4
-
-
 def _commit_result(reply: Any) -> bool:
     if isinstance(reply, redis.ResponseError):
         raise _fenced_or(reply)
@@ -238,6 +264,13 @@ def _entries(reply: Any) -> list[tuple[str, Fields | None]]:
         return []
     (_stream, rows), = reply
     return [(entry_id.decode(), fields or None) for entry_id, fields in rows]
+
+
+def _held(summary: dict[str, Any]) -> int:
+    """Entries the aggregators' consumer holds, from an XPENDING summary (pending reads
+    return that consumer's)."""
+    return next((c["pending"] for c in summary["consumers"]
+                 if c["name"] in (AGGREGATOR_CONSUMER, AGGREGATOR_CONSUMER.encode())), 0)
 
 
 def _fenced_or(error: Exception) -> Exception:
