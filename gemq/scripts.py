@@ -32,9 +32,12 @@ return 1
 #:       moment key per plan.forget entry.
 #: ARGV: token, lease_ms, msgpack plan.
 #: Everything a batch changes lands in this one atomic step: parameters, head, the XACK of
-#: the batch, trimming, metrics, counters and worker state. The trim never passes an entry
-#: still pending outside this window (a deposed leader's read may have moved entries into
-#: the pending list while this one read past them): those stay until they are applied.
+#: the batch, trimming, metrics, counters and worker state. The trim drops every entry up
+#: to the last one applied, that one included: the stream's length, which workers'
+#: backpressure compares with max_pending, then counts only entries not applied yet. It
+#: never passes an entry still pending outside this window (a deposed leader's read may
+#: have moved entries into the pending list while this one read past them): those stay
+#: until they are applied.
 #: The parameters were SET to the staging key just before, in the same pipeline (not a
 #: transaction: this script is the atomic step); they are renamed into place (no copy) or
 #: discarded. It is
@@ -75,6 +78,10 @@ if #plan.ack > 0 then
   local pending = redis.call('XPENDING', KEYS[4], plan.group)
   if pending[1] > 0 and id_less(pending[2], keep) then keep = pending[2] end
   redis.call('XTRIM', KEYS[4], 'MINID', keep)
+  -- MINID keeps its own id. Applied and acknowledged (here or by an earlier commit), the
+  -- last entry goes too. (Trimming to the id after it would need a successor of
+  -- 18446744073709551615-18446744073709551615, which has none.)
+  redis.call('XDEL', KEYS[4], plan.last_id)
 end
 if #plan.metrics > 0 then
   redis.call('XADD', KEYS[5], 'MAXLEN', '~', plan.metrics_maxlen, '*', unpack(plan.metrics))

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from gemq import codec
-from gemq.aggregator import Aggregator, AggregatorOptions, Leader
+from gemq.aggregator import Aggregator, AggregatorOptions, Leader, lead_shards
 from gemq.config import RunConfig
 from gemq.errors import GemqError
 from gemq.runs import create_run
@@ -54,6 +54,30 @@ def test_workers_wait_while_the_stream_is_full(redis_client: redis.Redis) -> Non
     assert sum(result.values()) == length
     later = store.worker_states()
     assert all(later[w]["heartbeat_ms"] > beats[w] for w in beats)  # waiting, yet alive
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_run_with_max_pending_1_trains_to_its_budget(redis_client: redis.Redis,
+                                                       shards: int) -> None:
+    """Room for one gradient per shard: a commit leaves no applied entry in the stream, so
+    the workers find room again after every update."""
+    store = tiny_run(redis_client, f"mp1-{shards}", budget_updates=30, max_pending=1,
+                     shards=shards)
+    agg_shutdown = threading.Event()
+    agg = threading.Thread(target=lambda: lead_shards(
+        store.shards(), AggregatorOptions(lease_ms=2000, idle_block_ms=50), agg_shutdown),
+        daemon=True)
+    agg.start()
+    thread, shutdown, result = start_workers(store, ["a", "b"])
+    try:
+        thread.join(60)
+        agg.join(30)
+    finally:
+        shutdown.set()
+        agg_shutdown.set()
+    assert [s.counters().get("applied") for s in store.shards()] == [30] * shards
+    assert store.state() == RunState.FINISHED
+    assert sum(result.values()) >= 30
 
 
 def test_workers_wait_for_the_aggregator_to_start(redis_client: redis.Redis) -> None:
