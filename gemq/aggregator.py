@@ -396,8 +396,8 @@ class Aggregator:
         """The next read: new entries, waiting for them inside the same round trip; but
         pending entries only while the pending list may hold entries nobody took (the
         term's first read takes both). Those are read from the list's start at a window's
-        start, and past the entries already taken within one: each entry is delivered
-        once, unless a deposed leader's read interleaves."""
+        start, and past the entries already taken within one. In steady state each entry
+        is then delivered once."""
         count, taken = leader.read_count, leader.window_entries
         if last.backlog:
             return ReadRequest(count, new=False, taken=taken,

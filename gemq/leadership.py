@@ -4,8 +4,8 @@ Only the aggregator holding a shard's lease reads its gradient stream and commit
 commit is one Lua script (gemq/scripts.py: COMMIT) that first checks the lease is still
 the caller's, then that the head is the one the window was computed from: a deposed leader
 writes nothing. Reads need no fence: a deposed leader's read only moves entries into the
-pending list. Every read also counts the pending list, so the leader knows when it holds
-entries the leader has not taken, and reads them before anything new.
+pending list. Every read also counts the pending list, so the leader knows when the list
+holds entries it has not taken, and reads them before anything new.
 """
 
 from __future__ import annotations
@@ -92,8 +92,8 @@ class BatchRead:
     #: (stream id, fields or None): unacknowledged entries first, then new ones.
     entries: list[tuple[str, Fields | None]]
     #: Whether the pending list may still hold entries nobody took (a predecessor's batch,
-    #: a deposed leader's read, a read whose reply was lost): the next read should read
-    #: pending entries only, as new ones would pass them.
+    #: a deposed leader's read, a first attempt answered NOSCRIPT): the next read should
+    #: read pending entries only, as new ones would pass them.
     backlog: bool
 
 
@@ -123,11 +123,9 @@ class Leadership:
         idle leader waits without another round trip. Fields are None for an entry deleted
         while pending.
         """
-        if isinstance(request, int):
-            request = ReadRequest(request)
+        read = request if isinstance(request, ReadRequest) else ReadRequest(request)
         # A read whose script Redis lacked still moved entries into the pending list; the
         # second attempt counts them there, and reads them before new ones.
-        read = request
         replies = self._with_scripts(lambda pipe: self._queue_read(pipe, read))
         return self._read_result(replies, read)
 
@@ -185,7 +183,7 @@ class Leadership:
                             count=request.count, block=request.block_ms or None)
 
     def _read_result(self, replies: list[Any], request: ReadRequest) -> BatchRead:
-        renew, status, summary, *reads = replies
+        _, status, summary, *reads = replies
         for reply in replies:
             if isinstance(reply, redis.ResponseError) and str(reply).startswith("NOGROUP"):
                 raise RunNotFound(f"run {self.store.run_id!r}: its gradient stream is gone")
@@ -193,8 +191,8 @@ class Leadership:
                 raise _fenced_or(reply) if isinstance(reply, redis.ResponseError) else reply
         stop, failed = status[0] is not None, status[1] == RunState.FAILED.encode()
         pending = _entries(reads[0]) if request.pending else []
-        # Counted before this read's entries were: the pending list held the entries taken
-        # before, and these, nobody's.
+        # Counted before this read's pending entries were taken: the list held the entries
+        # taken earlier, these, and ``untaken`` more that nobody took.
         untaken = _held(summary) - request.taken - len(pending)
         if untaken > 0:
             # Entries nobody took are still pending, older than any new ones this read

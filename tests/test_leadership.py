@@ -1,4 +1,5 @@
-"""The leader's reads against a real Redis: each entry of a full stream is delivered once.
+"""The leader's reads against a real Redis: entries nobody took come before new ones, and
+each entry of a full stream is delivered once.
 
 Redis' own count of the bytes it sent is the measure: a read that took entries only to
 leave them pending (they come back through a later read) shows there as bytes sent twice.
@@ -17,7 +18,9 @@ from gemq.aggregator import Aggregator, AggregatorOptions
 from gemq.config import RunConfig
 from gemq.keys import AGGREGATOR_CONSUMER, AGGREGATOR_GROUP
 from gemq.layout import ParamLayout
+from gemq.leadership import Leadership, ReadRequest
 from gemq.store import RunState, RunStore
+from tests.helpers import gradient_message, small_run
 
 #: 256 KiB gradients: every other reply is noise beside them.
 LAYOUT = ParamLayout.from_shapes([("w", (65_536,))])
@@ -75,3 +78,29 @@ def test_a_full_stream_is_delivered_once_per_entry(redis_client: redis.Redis,
     # Sent besides the entries: that one extra batch, version 0's parameters (read twice by
     # the new leader: its state, its first snapshot), and small replies.
     assert deliveries < ENTRIES + READ_BATCH + 2 + 0.5, deliveries
+
+
+def test_entries_nobody_took_are_read_before_new_ones(redis_client: redis.Redis) -> None:
+    """A deposed leader's read left E1, E2 pending. A read of new entries takes none (the
+    new ones it moved, E3-E6, wait behind them) and reports the backlog; pending reads then
+    return E1-E6 in order, the second past the entries already taken, and the backlog is
+    gone once the pending list holds only taken entries."""
+    store = small_run(redis_client)
+    for _ in range(6):
+        store.publish_gradient("w1", gradient_message(store, "w1", np.ones(36, np.float32)))
+    ids = [entry_id.decode() for entry_id, _ in redis_client.xrange(store.keys.gradients)]
+    redis_client.xreadgroup(AGGREGATOR_GROUP, AGGREGATOR_CONSUMER,
+                            {store.keys.gradients: ">"}, count=2)
+    lead = Leadership(store, "t", 5000)
+    assert lead.acquire()
+    read = lead.read(ReadRequest(10, pending=False))
+    assert read.entries == [] and read.backlog
+    read = lead.read(ReadRequest(2, new=False))
+    assert [i for i, _ in read.entries] == ids[:2] and read.backlog
+    read = lead.read(ReadRequest(10, new=False, pending_after=ids[1], taken=2))
+    assert [i for i, _ in read.entries] == ids[2:] and not read.backlog
+    read = lead.read(ReadRequest(10, pending=False, taken=6))
+    assert read.entries == [] and not read.backlog
+    store.publish_gradient("w1", gradient_message(store, "w1", np.ones(36, np.float32)))
+    read = lead.read(ReadRequest(10, pending=False, taken=6))
+    assert len(read.entries) == 1 and not read.backlog
