@@ -367,8 +367,8 @@ class Aggregator:
 
     def _lead(self, leader: Leader, shutdown: threading.Event) -> str:
         self.store.mark_running(self.token)
-        # A new leader may inherit its predecessor's unacknowledged batch: no waiting yet.
-        read = self.lead.read(leader.read_count)
+        # A new leader may inherit its predecessor's unacknowledged batch: read it first.
+        read = self.lead.read(ReadRequest(leader.read_count, pending_after="0"))
         while True:
             leader.absorb([(entry_id, _field(f, b"m"), _sender(f))
                            for entry_id, f in read.entries])
@@ -393,16 +393,14 @@ class Aggregator:
                     else self.lead.read(request))
 
     def _next_read(self, leader: Leader, last: BatchRead) -> ReadRequest:
-        """The next read: new entries, waiting for them inside the same round trip; but
-        pending entries only while the pending list may hold entries nobody took (the
-        term's first read takes both). Those are read from the list's start at a window's
-        start, and past the entries already taken within one. In steady state each entry
-        is then delivered once."""
+        """The next read: new entries, waiting for them inside the same round trip; but the
+        pending list while it may hold entries nobody took (the term's first read reads
+        it too), from its start at a window's start, past the entries already taken within
+        one. In steady state each entry is then delivered once."""
         count, taken = leader.read_count, leader.window_entries
         if last.backlog:
-            return ReadRequest(count, new=False, taken=taken,
-                               pending_after=leader.last_id if taken else "0")
-        return ReadRequest(count, pending=False, taken=taken, block_ms=self._idle_block_ms)
+            return ReadRequest(count, leader.last_id if taken else "0", taken)
+        return ReadRequest(count, taken=taken, block_ms=self._idle_block_ms)
 
     @overload
     def _commit(self, plan: CommitPlan, leader: Leader) -> None: ...

@@ -56,29 +56,16 @@ class CommitPlan:
 
 @dataclass(frozen=True)
 class ReadRequest:
-    """How the aggregator's next read is made (see Leadership.read). The defaults make a
-    new leader's first read: the whole pending list, then new entries."""
+    """How the aggregator's next read is made (see Leadership.read)."""
 
     count: int
-    #: Read entries delivered before and not acknowledged, with ids above pending_after.
-    pending: bool = True
-    pending_after: str = "0"
-    #: Read new entries (after the pending ones, when both are read).
-    new: bool = True
+    #: Read the pending list past this id ("0": from its start); None: new entries.
+    pending_after: str | None = None
     #: Entries the reader took and has not acknowledged yet, all with ids up to
     #: pending_after: the pending list holds these, and whatever else it holds nobody took.
     taken: int = 0
     #: How long a read of new entries may wait for one (ms; 0: not at all).
     block_ms: int = 0
-
-    def __post_init__(self) -> None:
-        if not (self.pending or self.new):
-            raise ValueError("a read reads pending entries, new ones, or both")
-
-    @property
-    def replies(self) -> int:
-        """Replies the read adds to a pipeline (Leadership._queue_read)."""
-        return 3 + self.pending + self.new
 
 
 @dataclass(frozen=True)
@@ -89,11 +76,11 @@ class BatchRead:
     #: The run was failed meanwhile (by a worker that cannot publish, or another shard's
     #: aggregator): stop leading.
     failed: bool
-    #: (stream id, fields or None): unacknowledged entries first, then new ones.
+    #: (stream id, fields or None), in stream order.
     entries: list[tuple[str, Fields | None]]
     #: Whether the pending list may still hold entries nobody took (a predecessor's batch,
     #: a deposed leader's read, a first attempt answered NOSCRIPT): the next read should
-    #: read pending entries only, as new ones would pass them.
+    #: read the pending list, as new entries would pass them.
     backlog: bool
 
 
@@ -109,19 +96,31 @@ class Leadership:
         self._release = store.client.register_script(scripts.RELEASE)
 
     def acquire(self) -> bool:
-        return bool(self._r.set(self.keys.lease, self.token, nx=True, px=self.lease_ms))
+        """Take the lease if nobody holds it. A new term then loads the scripts its
+        pipelines call by SHA: a read answered NOSCRIPT still moves entries into the
+        pending list, to be delivered again."""
+        if not self._r.set(self.keys.lease, self.token, nx=True, px=self.lease_ms):
+            return False
+        self._load_scripts()
+        return True
+
+    def _load_scripts(self) -> None:
+        for script in (self._renew, self._commit):
+            self._r.script_load(script.script)
 
     def release(self) -> None:
         self._release(keys=[self.keys.lease], args=[self.token])
 
     def read(self, request: ReadRequest | int) -> BatchRead:
-        """Renew the lease and read a batch, in one round trip (a count n: ReadRequest(n)).
+        """Renew the lease and read a batch, in one round trip (a count n: ReadRequest(n),
+        new entries).
 
-        Entries delivered earlier but never acknowledged (a previous leader's batch, one
-        whose reply was lost) with ids above ``pending_after`` come before new ones. With
-        ``block_ms``, Redis holds the reply up to that long while no new entry exists, so an
-        idle leader waits without another round trip. Fields are None for an entry deleted
-        while pending.
+        A read of the pending list returns entries delivered earlier but never
+        acknowledged (a previous leader's batch, a deposed leader's read) with ids above
+        ``pending_after``; fields are None for an entry deleted while pending. A read of
+        new entries returns none while the pending list holds entries nobody took: they
+        come first (``backlog``). With ``block_ms``, Redis holds the reply up to that long
+        while no new entry exists, so an idle leader waits without another round trip.
         """
         read = request if isinstance(request, ReadRequest) else ReadRequest(request)
         # A read whose script Redis lacked still moved entries into the pending list; the
@@ -146,8 +145,8 @@ class Leadership:
             self._queue_read(pipe, request)
 
         replies = self._with_scripts(both)
-        committed = _commit_result(replies[-request.replies - 1])
-        return committed, self._read_result(replies[-request.replies:], request)
+        committed = _commit_result(replies[-READ_REPLIES - 1])
+        return committed, self._read_result(replies[-READ_REPLIES:], request)
 
     def _with_scripts(self, build: Callable[[Any], None]) -> list[Any]:
         """Run a pipeline that calls scripts by SHA; load them if Redis lacks them.
@@ -162,44 +161,44 @@ class Leadership:
             build(pipe)
             replies: list[Any] = pipe.execute(raise_on_error=False)
             if attempt < 2 and any(isinstance(r, NoScriptError) for r in replies):
-                for script in (self._renew, self._commit):
-                    self._r.script_load(script.script)
+                self._load_scripts()
                 continue
             break
         return replies
 
     def _queue_read(self, pipe: Any, request: ReadRequest) -> None:
-        """request.replies commands: renew, the run's status, the pending list's size, then
-        the pending entries and the new ones asked for."""
+        """READ_REPLIES commands: renew, the run's status, the pending list's size, the
+        entries."""
         k = self.keys
         _call_script(pipe, self._renew, [k.lease], [self.token, self.lease_ms])
         pipe.hmget(k.status, ["stop_requested", "state"])
         pipe.xpending(k.gradients, AGGREGATOR_GROUP)
-        if request.pending:
+        if request.pending_after is not None:
             pipe.xreadgroup(AGGREGATOR_GROUP, AGGREGATOR_CONSUMER,
                             {k.gradients: request.pending_after}, count=request.count)
-        if request.new:
+        else:
             pipe.xreadgroup(AGGREGATOR_GROUP, AGGREGATOR_CONSUMER, {k.gradients: ">"},
                             count=request.count, block=request.block_ms or None)
 
     def _read_result(self, replies: list[Any], request: ReadRequest) -> BatchRead:
-        _, status, summary, *reads = replies
+        _, status, summary, read = replies
         for reply in replies:
             if isinstance(reply, redis.ResponseError) and str(reply).startswith("NOGROUP"):
                 raise RunNotFound(f"run {self.store.run_id!r}: its gradient stream is gone")
             if isinstance(reply, Exception):
                 raise _fenced_or(reply) if isinstance(reply, redis.ResponseError) else reply
         stop, failed = status[0] is not None, status[1] == RunState.FAILED.encode()
-        pending = _entries(reads[0]) if request.pending else []
-        # Counted before this read's pending entries were taken: the list held the entries
-        # taken earlier, these, and ``untaken`` more that nobody took.
-        untaken = _held(summary) - request.taken - len(pending)
+        entries = _entries(read)
+        # Counted before this read: the list held the entries taken earlier, and the rest
+        # nobody had taken (some of which a pending read just took).
+        untaken = _held(summary) - request.taken
+        if request.pending_after is not None:
+            return BatchRead(stop, failed, entries, backlog=untaken > len(entries))
         if untaken > 0:
-            # Entries nobody took are still pending, older than any new ones this read
-            # took: those stay pending behind them, and come back through pending reads.
-            return BatchRead(stop, failed, pending, backlog=True)
-        new = _entries(reads[-1]) if request.new else []
-        return BatchRead(stop, failed, pending + new, backlog=False)
+            # Older than the new entries just read: those stay pending behind them, and
+            # come back through pending reads, in order.
+            return BatchRead(stop, failed, [], backlog=True)
+        return BatchRead(stop, failed, entries, backlog=False)
 
     def _queue_commit(self, pipe: Any, plan: CommitPlan, params: np.ndarray) -> None:
         """SETs of the staging keys (or a no-op), then the commit script.
@@ -236,6 +235,10 @@ class Leadership:
         else:
             pipe.exists(staging)  # keeps the reply count fixed
         _call_script(pipe, self._commit, keys, [token, self.lease_ms, encoded])
+
+
+#: Replies of one read (Leadership._queue_read).
+READ_REPLIES = 4
 
 
 def _commit_result(reply: Any) -> bool:

@@ -16,7 +16,7 @@ from gemq import codec
 from gemq.aggregator import Aggregator, AggregatorOptions, Leader
 from gemq.embedded import EmbeddedRedis
 from gemq.errors import FencedError
-from gemq.leadership import Leadership
+from gemq.leadership import Leadership, ReadRequest
 from gemq.store import RunState, RunStore
 from tests.helpers import SMALL_LAYOUT, GemqProcess, gradient_message, small_run, wait_for
 
@@ -348,8 +348,9 @@ def test_entries_a_deposed_leader_moved_to_pending_are_not_trimmed(
     assert [i.decode() for i, _ in rows] == ids[2:]
     Leadership(store, "t", 5000).commit(leader.process(
         [(i.decode(), f[b"m"], f[b"w"].decode()) for i, f in rows]), leader.theta)
-    assert redis_client.xlen(store.keys.gradients) == 4  # E1, E2 kept, and all after them
-    again = Leadership(store, "t", 5000).read(10).entries
+    # E1, E2 kept, and E3 after them; E4, applied last, deleted.
+    assert redis_client.xlen(store.keys.gradients) == 3
+    again = Leadership(store, "t", 5000).read(ReadRequest(10, "0")).entries
     assert [i for i, _ in again] == ids[:2] and all(f is not None for _, f in again)
     plan = leader.process([(i, f[b"m"], f[b"w"].decode()) for i, f in again])  # type: ignore[index]
     assert Leadership(store, "t", 5000).commit(plan, leader.theta)
