@@ -30,8 +30,9 @@ GEM, CONSTANT, DELAY_COMPENSATED = 0, 1, 2
 _FASTMATH = {"reassoc", "contract", "nsz", "nnan", "ninf"}
 
 
-def _compiled(function: Callable[..., Any]) -> Any:
-    jit = functools.partial(njit, fastmath=_FASTMATH, boundscheck=False, nogil=True,
+def compiled(function: Callable[..., Any], fastmath: set[str] | bool = False) -> Any:
+    """``function`` compiled by numba, its machine code cached where a cache can be written."""
+    jit = functools.partial(njit, fastmath=fastmath, boundscheck=False, nogil=True,
                             error_model="numpy")
     try:
         return jit(function, cache=True)
@@ -39,7 +40,7 @@ def _compiled(function: Callable[..., Any]) -> Any:
         return jit(function, cache=False)
 
 
-@_compiled
+@functools.partial(compiled, fastmath=_FASTMATH)
 def update(theta: np.ndarray, gradient: np.ndarray, snapshot: np.ndarray,
            moment: np.ndarray, scale: np.ndarray, lr: np.float32, momentum: np.float32,
            kappa: np.float32, mode: int, a: np.float32, b: np.float32) -> tuple[float, float]:
