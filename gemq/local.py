@@ -41,7 +41,7 @@ from gemq.progress import ProgressDisplay
 from gemq.recording import CurveRecorder
 from gemq.retention import release_if_ended
 from gemq.runs import create_run
-from gemq.snapshots import kept_versions
+from gemq.snapshots import budget_advice
 from gemq.specs import spec_of
 from gemq.store import ENDED, RunState, RunStore
 from gemq.summary import RunSummary, run_totals
@@ -220,11 +220,10 @@ def _supervise(url: str, store: RunStore, config: RunConfig, options: LocalOptio
                  f"{'s' if len(aggregators) > 1 else ''}{shards} and {options.workers} "
                  f"workers ({config.algo}, {config.model} on {config.dataset}, "
                  f"{config.budget_updates} updates)")
-    kept = kept_versions(config, max(shard.size for shard in store.plan().shards))
-    if options.progress and kept <= config.max_staleness:
-        print(f"run {config.run_id}: {kept} parameter snapshots fit in --snapshot-budget-mb "
-              f"{config.snapshot_budget_mb}: gradients more than {kept - 1} updates stale "
-              "will be rejected (snapshot_gone)", file=sys.stderr)
+    advice = budget_advice(config, max(shard.size for shard in store.plan().shards),
+                           options.workers)
+    if options.progress and advice:
+        print(f"run {config.run_id}: {advice}", file=sys.stderr)
     try:
         for process in processes:
             process.start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -10,6 +11,9 @@ from gemq.config import RunConfig
 
 #: Snapshots kept at the least, whatever the budget: the newest and the one before it.
 MIN_KEPT = 2
+#: Gradients in flight advised for a model whose snapshots the budget cannot keep for the
+#: default max_pending: workers then wait instead of queueing gradients that would go stale.
+ADVISED_MAX_PENDING = 4
 
 
 def kept_versions(config: RunConfig, shard_size: int) -> int:
@@ -20,6 +24,27 @@ def kept_versions(config: RunConfig, shard_size: int) -> int:
     by_budget = config.snapshot_budget_mb * 2**20 // max(4 * shard_size, 1)
     kept = min(config.max_staleness + 1, max(MIN_KEPT, by_budget))
     return min(kept, config.history) if config.history else kept
+
+
+def budget_advice(config: RunConfig, shard_size: int, workers: int) -> str | None:
+    """What to tell a user whose snapshot budget rejects gradients that ``workers`` keep in
+    flight, and the flags that avoid it; None when the budget keeps enough versions.
+
+    A gradient can be as stale as the gradients queued before it (max_pending) plus those
+    being computed (one per worker): max_pending + workers + 1 versions cover it.
+    """
+    kept = kept_versions(config, shard_size)
+    if kept >= min(config.max_pending + workers + 1, config.max_staleness + 1):
+        return None
+    pending = min(config.max_pending, ADVISED_MAX_PENDING)
+    budget_mb = math.ceil((pending + workers + 1) * 4 * shard_size / 2**20)
+    flags = " ".join([*([f"--max-pending {pending}"] if pending < config.max_pending else []),
+                      f"--snapshot-budget-mb {budget_mb}"])
+    stale = f"{kept - 1} update{'s' if kept != 2 else ''}"
+    return (f"{kept} parameter snapshots of a shard fit in --snapshot-budget-mb "
+            f"{config.snapshot_budget_mb}: gradients more than {stale} stale will be rejected "
+            f"(snapshot_gone); for {workers} workers, {flags} keeps every gradient in flight "
+            "(README: settings for big models)")
 
 
 class SnapshotHistory:
