@@ -4,7 +4,7 @@ A worker that sends 16-bit gradients narrows every gradient it computes. numpy t
 several full passes for bfloat16 (add the rounding bias, shift, narrow, find NaNs) and
 converts to float16 in software one element at a time: at 11.4 M parameters on the
 development machine (loaded), 57 ms and 374 ms per gradient, where a plain training step
-of that model takes about 85 ms; these loops take 6 and 22 ms. They read each float32 once
+of that model takes 70-90 ms; these loops take 6 and 22 ms. They read each float32 once
 and write its 16 bits once, bit for bit what numpy gives for every number
 (``tests/test_halfprecision.py`` compares them on millions of bit patterns and every
 magnitude around float16's subnormals).

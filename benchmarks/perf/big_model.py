@@ -3,14 +3,16 @@ comfort: the 784-3000-3000-10 MLP (11.4 M parameters, benchmarks/big_models.py),
 through ``gemq run`` exactly as a user types it, against one core's plain training loop of
 the same model and batch size.
 
-The runs, all with the README's advice for big models (``--max-pending 4`` and a snapshot
-budget for 7 versions: ``advised``): ``--shards 1``; ``--shards 2`` (two aggregators, one
-private Redis); ``--shards 2 --local-cluster 2`` (two aggregators, a private Redis Cluster
-of two masters; the run id is chosen so that the two shards fall on different masters);
-the same with an empty ``MALLOC_CONF`` in its environment, which its Redis servers inherit
-(their allocator then hands every freed value back to the kernel, as before gemq's private
-Redis kept freed pages: sharded.RELEASE_PAGES); and ``--shards 1`` with the defaults, to
-show what they cost.
+The runs, all with the README's advice for big models (``advised``: ``--max-pending 4``, a
+snapshot budget for 7 versions, bfloat16 gradients on the wire and new parameters every
+second update): ``--shards 1``; ``--shards 2`` (two aggregators, one private Redis);
+``--shards 2 --local-cluster 2`` (two aggregators, a private Redis Cluster of two masters;
+the run id is chosen so that the two shards fall on different masters); the same with an
+empty ``MALLOC_CONF`` in its environment, which its Redis servers inherit (their allocator
+then hands every freed value back to the kernel, as before gemq's private Redis kept freed
+pages: sharded.RELEASE_PAGES); ``--shards 1`` with float32 gradients and new parameters
+after every update (the advice before the last two settings); and ``--shards 1`` with the
+defaults, to show what they cost.
 
 The rate of a run is taken from its own curves (``metrics.csv``: a row per commit of
 shard 0, with its wall time and updates) between 20% of its updates and its last row, so
@@ -53,20 +55,24 @@ ROOT = Path(__file__).resolve().parents[2]
 #: 64 MB of snapshots: two of this model's 43 MB), most gradients are rejected as
 #: snapshot_gone.
 MAX_PENDING = 4
+#: ...and half the bytes: gradients in bfloat16 (converted in the workers, widened by the
+#: aggregators), parameters published (and read by every worker) every second update.
+FEWER_BYTES = ["--wire-dtype", "bfloat16", "--publish-every", "2"]
 
 
-def advised(shards: int) -> list[str]:
+def advised(shards: int, fewer_bytes: bool = True) -> list[str]:
     """The README's flags for this model in ``shards`` shards."""
     model_mb = 4 * ParamLayout.from_shapes(mlp_shapes(*MLP_11M)).size / 2**20
     budget = math.ceil((MAX_PENDING + WORKERS + 1) * model_mb / shards / 32) * 32
     return ["--shards", str(shards), "--max-pending", str(MAX_PENDING),
-            "--snapshot-budget-mb", str(budget)]
+            "--snapshot-budget-mb", str(budget), *(FEWER_BYTES if fewer_bytes else [])]
 
 
 #: name -> the flags that make the run
 RUNS = {"s1": advised(1), "s2": advised(2),
         "s2_local_cluster": [*advised(2), "--local-cluster", "2"],
         "s2_local_cluster_release_pages": [*advised(2), "--local-cluster", "2"],
+        "s1_float32": advised(1, fewer_bytes=False),
         "s1_defaults": ["--shards", "1"]}
 #: name -> environment variables of the run (its private Redis servers inherit them)
 ENVIRONMENT = {"s2_local_cluster_release_pages": {"MALLOC_CONF": RELEASE_PAGES}}
