@@ -11,7 +11,7 @@ is simply that shard's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -74,11 +74,44 @@ def shard_table(stores: Sequence[RunStore],
             "energy_ratio": _number(row.get("energy_ratio")),
             "median_pi": _number(row.get("median_pi")),
             "staleness_mean": _number(row.get("staleness_mean")),
+            # The latest batch's energies per update, which the run-wide ratio sums.
+            "e_central": _per_update(row, "e_central"),
+            "e_proxy": _per_update(row, "e_proxy"),
         })
     return table
 
 
-def _number(text: str | None) -> float | None:
+def overall(table: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The run-wide row of a shard table, from every shard's latest batch.
+
+    GEM's energies are sums over the parameters, so the whole vector's are the sums of its
+    shards' (per update, as the shards' batches hold different numbers of updates): the
+    run's energy ratio is theirs summed, not a mean of ratios. Staleness: the mean and the
+    largest of the shards' means. Median pi: medians do not combine, so the lowest and
+    highest of the shards'. None where a shard has measured nothing yet.
+    """
+    def measured(field: str) -> list[float] | None:
+        values = [shard[field] for shard in table]
+        return values if values and all(v is not None for v in values) else None
+
+    central, proxy = measured("e_central"), measured("e_proxy")
+    staleness, pis = measured("staleness_mean"), measured("median_pi")
+    return {
+        "energy_ratio": (sum(central) / sum(proxy)
+                         if central is not None and proxy is not None and sum(proxy) > 0
+                         else None),
+        "staleness_mean": sum(staleness) / len(staleness) if staleness else None,
+        "staleness_mean_max": max(staleness) if staleness else None,
+        "median_pi_range": [min(pis), max(pis)] if pis else None,
+    }
+
+
+def _per_update(row: Mapping[str, str], field: str) -> float | None:
+    value, updates = _number(row.get(field)), int(row.get("applied", 0) or 0)
+    return value / updates if value is not None and updates > 0 else None
+
+
+def _number(text: Any) -> float | None:
     if text is None:
         return None
     value = float(text)

@@ -61,12 +61,43 @@ def _same(shown: dict[str, str], shard: dict[str, Any]) -> bool:
     return True
 
 
+def _rounded(value: float | None) -> float | None:
+    """A decimal rounded as the page rounds it (3 significant digits)."""
+    return None if value is None else float(f"{value:.{SHOWN_DIGITS}g}")
+
+
+def _overall_row(page: Page) -> dict[str, str]:
+    cells: dict[str, str] = page.eval_on_selector_all(
+        "#shards-table tfoot td[data-field]",
+        "cells => Object.fromEntries(cells.map(td => [td.dataset.field,"
+        " td.textContent.trim()]))")
+    return cells
+
+
+def _overall_matches(page: Page, view: dict[str, Any]) -> bool:
+    """The table's last row shows the run-wide numbers of the API's view: the backlog of
+    every shard, the shards' energies summed into one ratio, their mean staleness and the
+    range of their median pi."""
+    overall, shown = view["shards_overall"], _overall_row(page)
+    if set(shown) != {"backlog", "staleness_mean", "energy_ratio", "median_pi"}:
+        return False
+    pis = overall["median_pi_range"]
+    shown_pis = (None if shown["median_pi"] == "—"
+                 else [_shown_number(p) for p in shown["median_pi"].split("–")])
+    return (_shown_number(shown["backlog"]) == sum(s["backlog"] for s in view["shards"])
+            and _shown_number(shown["staleness_mean"]) == _rounded(overall["staleness_mean"])
+            and _shown_number(shown["energy_ratio"]) == _rounded(overall["energy_ratio"])
+            and shown_pis == (None if pis is None else [_rounded(p) for p in pis]))
+
+
 def _matches_api(page: Page, api: httpx.Client) -> bool:
-    shards = api.get(f"/api/runs/{SHARDED}").json()["shards"]
+    view = api.get(f"/api/runs/{SHARDED}").json()
+    shards = view["shards"]
     shown = _table(page)
     return (len(shown) == len(shards)
             and all(row["shard"] == str(s["shard"]) and _same(row, s)
-                    for row, s in zip(shown, shards, strict=True)))
+                    for row, s in zip(shown, shards, strict=True))
+            and _overall_matches(page, view))
 
 
 @pytest.mark.browser

@@ -287,3 +287,36 @@ def test_the_run_view_names_each_shards_leader_and_backlog(redis_client: redis.R
         ("host:1:0badcafe", 0), (None, 3)]
     lead.release()
     assert views.run_view(store, redis_client)["shards"][0]["leader"] is None
+
+
+def test_the_run_wide_energy_ratio_sums_the_shards_energies(redis_client: redis.Redis) -> None:
+    """GEM's energies are sums over the parameters: a run of 2 shards, summed, has the
+    energy ratio of the same run unsharded (one worker in lockstep: the same updates)."""
+    from gemq.services.api import views
+
+    lockstep(redis_client, "energy-whole", 20, algo="gem")
+    lockstep(redis_client, "energy-halves", 20, algo="gem", shards=2)
+    whole = views.run_view(RunStore(redis_client, "energy-whole"), redis_client)
+    halves = views.run_view(RunStore(redis_client, "energy-halves"), redis_client)
+    (one,) = whole["shards"]
+    assert whole["shards_overall"]["energy_ratio"] == pytest.approx(
+        one["e_central"] / one["e_proxy"], rel=1e-9)
+    overall, shards = halves["shards_overall"], halves["shards"]
+    assert overall["energy_ratio"] == pytest.approx(whole["shards_overall"]["energy_ratio"],
+                                                    rel=1e-4)
+    # ...which the mean of the shards' own ratios is not.
+    mean_of_ratios = sum(s["energy_ratio"] for s in shards) / len(shards)
+    assert abs(mean_of_ratios - overall["energy_ratio"]) > 1e-3 * overall["energy_ratio"]
+    assert overall["staleness_mean"] == pytest.approx(
+        sum(s["staleness_mean"] for s in shards) / 2)
+    assert overall["median_pi_range"] == [min(s["median_pi"] for s in shards),
+                                          max(s["median_pi"] for s in shards)]
+
+
+def test_the_run_wide_row_waits_for_every_shard_to_measure() -> None:
+    measured = {"e_central": 2.0, "e_proxy": 4.0, "staleness_mean": 1.0, "median_pi": 0.5}
+    silent = dict.fromkeys(measured)
+    assert combine.overall([measured, silent]) == {
+        "energy_ratio": None, "staleness_mean": None, "staleness_mean_max": None,
+        "median_pi_range": None}
+    assert combine.overall([measured, measured])["energy_ratio"] == 0.5

@@ -89,6 +89,7 @@ def run_summary(store: RunStore, queue: redis.Redis,
 def run_view(store: RunStore, queue: redis.Redis) -> dict[str, Any]:
     shards = store.shards()
     heads = combine.heads(shards)  # one read for the progress and the shard table
+    table = combine.shard_table(shards, heads)
     recent = recent_metrics(store)
     latest = dict(recent[-1]) if recent else {}
     if latest:
@@ -100,7 +101,8 @@ def run_view(store: RunStore, queue: redis.Redis) -> dict[str, Any]:
         "tensors": [t.name for t in store.layout().params],  # the heat map's rows
         "latest": latest,
         "counters": combine.counters(shards),
-        "shards": combine.shard_table(shards, heads),
+        "shards": table,
+        "shards_overall": combine.overall(table),
         # The most recently heard from; the total says how many there are in all.
         "workers": [worker_view(w, s, now) for w, s in store.worker_states().items()],
         "workers_total": store.worker_count(),

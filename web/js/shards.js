@@ -37,6 +37,18 @@ function shardRow(s, runState) {
   </tr>`;
 }
 
+// The run-wide row (the run view's "shards_overall"): energies summed over the shards,
+// their mean staleness, the range of their median pi.
+function renderOverall(view, shards) {
+  const overall = view.shards_overall || {};
+  const cell = (field) => $(`#shards-table tfoot [data-field=${field}]`);
+  cell("backlog").textContent = fmtInt(shards.reduce((sum, s) => sum + (s.backlog || 0), 0));
+  cell("staleness_mean").textContent = fmt(overall.staleness_mean);
+  cell("energy_ratio").textContent = fmt(overall.energy_ratio);
+  const range = overall.median_pi_range;
+  cell("median_pi").textContent = range ? `${fmt(range[0])}–${fmt(range[1])}` : fmt(null);
+}
+
 // The line charts' x axis: the updates of the rows' shard, named so when the run has
 // others (its shards apply at their own pace; the progress bar is the slowest one's).
 export function rowsAxis(view) {
@@ -57,4 +69,5 @@ export function renderShards() {
   const leading = shards.filter((s) => s.leader).length;
   $("#shards-summary").textContent = `${shards.length} shards, ${leading} led`;
   $("#shards-table tbody").innerHTML = shards.map((s) => shardRow(s, view.state)).join("");
+  renderOverall(view, shards);
 }
