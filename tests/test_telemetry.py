@@ -21,7 +21,7 @@ import redis
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from gemq import __version__
+from gemq import __version__, combine
 from gemq.aggregator import Aggregator, AggregatorOptions
 from gemq.config import RunConfig
 from gemq.embedded import EmbeddedRedis, free_port
@@ -182,6 +182,8 @@ def test_the_api_metrics_parse_and_follow_the_naming_rules(
         "gemq_updates_applied": "counter", "gemq_gradients_published": "counter",
         "gemq_gradients_rejected": "counter", "gemq_staleness_mean": "gauge",
         "gemq_energy_ratio": "gauge", "gemq_active_workers": "gauge",
+        "gemq_shard_backlog": "gauge", "gemq_shard_staleness_mean": "gauge",
+        "gemq_shard_energy_ratio": "gauge", "gemq_shard_median_pi": "gauge",
         "gemq_build_info": "gauge"}
     counters = store.counters()
     run = {"run": "scraped"}
@@ -194,7 +196,36 @@ def test_the_api_metrics_parse_and_follow_the_naming_rules(
         assert value(parsed, "gemq_gradients_rejected_total", **run, reason=reason) == count
     assert value(parsed, "gemq_active_workers", **run) == 3
     assert value(parsed, "gemq_staleness_mean", **run) >= 0
+    # A run of one shard: its shard's gauges are the run's.
+    assert value(parsed, "gemq_shard_staleness_mean", **run, shard="0") == value(
+        parsed, "gemq_staleness_mean", **run)
+    assert value(parsed, "gemq_shard_energy_ratio", **run, shard="0") == value(
+        parsed, "gemq_energy_ratio", **run)
+    assert value(parsed, "gemq_shard_backlog", **run, shard="0") == 0  # finished: released
     assert_build_info(parsed)
+
+
+def test_a_sharded_runs_gauges_combine_its_shards_and_name_each(
+        redis_client: redis.Redis) -> None:
+    from gemq.services.api.routes.metrics import RunCollector
+    from tests.test_shards import lockstep
+
+    lockstep(redis_client, "scraped-shards", 12, algo="gem", shards=3)
+    samples = {(s.name, s.labels.get("shard")): s.value
+               for family in RunCollector(redis_client).collect() for s in family.samples
+               if s.labels.get("run") == "scraped-shards"}
+    table = combine.shard_table(RunStore(redis_client, "scraped-shards").shards())
+    overall = combine.overall(table)
+    assert samples[("gemq_energy_ratio", None)] == pytest.approx(overall["energy_ratio"])
+    assert samples[("gemq_staleness_mean", None)] == pytest.approx(overall["staleness_mean"])
+    for shard in table:
+        for name, field in (("gemq_shard_energy_ratio", "energy_ratio"),
+                            ("gemq_shard_median_pi", "median_pi"),
+                            ("gemq_shard_staleness_mean", "staleness_mean"),
+                            ("gemq_shard_backlog", "backlog")):
+            assert samples[(name, str(shard["shard"]))] == pytest.approx(shard[field])
+    ratios = [samples[("gemq_shard_energy_ratio", str(k))] for k in range(3)]
+    assert len(set(ratios)) == 3  # three shards, three ratios: not shard 0's thrice
 
 
 # ---- the aggregator and worker services -----------------------------------------------
