@@ -1,10 +1,13 @@
-"""Live progress of a run on the terminal, read from the run's metrics stream (shard 0's,
-for a sharded run) and its rejections (every shard's)."""
+"""Live progress of a run on the terminal, read from the run's metrics stream and its
+rejections (every shard's). A sharded run's bar and numbers are the run's: its slowest
+shard's updates, its shards' energies summed, their mean staleness and the range of their
+median pi (gemq/combine.py); the loss is shard 0's rows' (every slice carries its step's)."""
 
 from __future__ import annotations
 
 import math
 import sys
+from typing import Any
 
 from tqdm import tqdm
 
@@ -24,6 +27,7 @@ class ProgressDisplay:
         self.last_id = "0-0"
         self.loss = math.nan
         self.last: dict[str, str] = {}
+        self.overall: dict[str, Any] = {}  # a sharded run's run-wide numbers
         self.rejected: dict[str, int] = {}
         self.bar: tqdm | None = None  # opened at the first update, so the rate is honest
         if enabled and starting:
@@ -42,26 +46,29 @@ class ProgressDisplay:
             return
         rows = self.store.metrics_since(self.last_id)
         rejected = _rejections(combine.counters(self.shards))
-        if not rows and rejected == self.rejected:
-            return
-        self.bar = self.bar or self._open()
-        self.rejected = rejected
-        if rows:
-            self.last_id = rows[-1][0]
-            self.last = rows[-1][1]
         for _, row in rows:
             loss = float(row["loss"])
             self.loss = loss if math.isnan(self.loss) else 0.9 * self.loss + 0.1 * loss
-        self.bar.set_postfix_str(self._postfix(), refresh=False)
         if rows:
-            self.bar.update(int(self.last["updates"]) - self.bar.n)
+            self.last_id, self.last = rows[-1]
+        updates = int(self.last["updates"]) if self.last else 0
+        if len(self.shards) > 1:  # the run's numbers: every shard moves at its own pace
+            table = combine.shard_table(self.shards)
+            self.overall = combine.overall(table)
+            updates = min(shard["updates"] for shard in table)
+        if updates == (self.bar.n if self.bar else 0) and rejected == self.rejected:
+            return
+        self.bar = self.bar or self._open()
+        self.rejected = rejected
+        self.bar.set_postfix_str(self._postfix(), refresh=False)
+        if updates != self.bar.n:
+            self.bar.update(updates - self.bar.n)
         else:
             self.bar.refresh()
 
     def _postfix(self) -> str:
         last = self.last
-        text = (f"loss={self.loss:.3f} energy={float(last['energy_ratio']):.2f} "
-                f"tau={float(last['staleness_mean']):.1f} pi={float(last['median_pi']):.2f} "
+        text = (f"loss={self.loss:.3f} {self._gem_numbers()} "
                 f"workers={last['active_workers']}" if last else "")
         if self.rejected:
             total = sum(self.rejected.values())
@@ -69,10 +76,27 @@ class ProgressDisplay:
             text += f" rejected={total} ({reason})"
         return text.strip()
 
+    def _gem_numbers(self) -> str:
+        """Energy ratio, staleness (tau) and median pi: the run's, for a sharded run."""
+        if len(self.shards) == 1:
+            last = self.last
+            return (f"energy={float(last['energy_ratio']):.2f} "
+                    f"tau={float(last['staleness_mean']):.1f} "
+                    f"pi={float(last['median_pi']):.2f}")
+        overall = self.overall
+        pis = overall.get("median_pi_range")
+        return (f"energy={_shown(overall.get('energy_ratio'), '.2f')} "
+                f"tau={_shown(overall.get('staleness_mean'), '.1f')} "
+                f"pi={f'{pis[0]:.2f}-{pis[1]:.2f}' if pis else '-'}")
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+def _shown(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def _rejections(counters: dict[str, int]) -> dict[str, int]:

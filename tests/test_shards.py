@@ -69,8 +69,10 @@ def test_too_few_or_too_many_shards_is_one_clear_error() -> None:
 # --- exactness --------------------------------------------------------------------------
 
 
-def lockstep(client: redis.Redis, run_id: str, steps: int, **settings: object) -> np.ndarray:
-    """Train ``steps`` updates with one worker, in lockstep; return the final state."""
+def lockstep(client: redis.Redis, run_id: str, steps: int, behind: int = 0,
+             **settings: object) -> np.ndarray:
+    """Train ``steps`` updates with one worker, in lockstep; return the final state. The
+    last shard's aggregator skips the last ``behind`` of them (their slices stay queued)."""
     config = RunConfig.from_dict({"run_id": run_id, "model": "mlp", "dataset": "digits",
                                   "batch_size": 16, "budget_updates": steps + 1, **settings})
     data = load_dataset("digits")
@@ -82,16 +84,18 @@ def lockstep(client: redis.Redis, run_id: str, steps: int, **settings: object) -
     assert all(lead.acquire() for lead in leads)
     worker = Worker(store, "w1", config, data)
     never = threading.Event()
-    for _ in range(steps):
+    for step in range(steps):
         worker._next_views = None  # read the views afresh: the gradient is on the newest
         assert worker._step(never)
-        for leader, lead in zip(leaders, leads, strict=True):
+        active = leaders if step < steps - behind else leaders[:-1]
+        for leader, lead in zip(active, leads, strict=False):
             entries = lead.read(10).entries
             assert len(entries) == 1
             plan = leader.process([(i, f.get(b"m"), _sender(f)) for i, f in entries
                                    if f is not None])
             assert lead.commit(plan, leader.theta)
-    assert [s.counters().get("applied") for s in shards] == [steps] * len(shards)
+    applied = [steps] * (len(shards) - 1) + [steps - behind]
+    assert [s.counters().get("applied") for s in shards] == applied
     assert all(s.counters().get("published") == steps for s in shards)
     return combine.latest_state(shards)[1].copy()
 
