@@ -168,6 +168,14 @@ def test_stalled_aggregator_keeps_redis_memory_bounded(redis_server: EmbeddedRed
             process.stop()
 
 
+#: Gradients the workers may queue while no aggregator runs. Each restart applies that
+#: backlog, all of it computed on the parameters of the moment of the kill: with the
+#: default 64, 20 kills cost 0.008-0.047 of accuracy on a quiet machine and up to 0.09 on a
+#: loaded one (docs/reliability.md); docs/reliability.md advises a small max_pending where
+#: aggregators restart often, and this test holds that configuration to a tighter bound.
+MAX_PENDING = 8
+
+
 def _train(redis_url: str, client: redis.Redis, run_id: str, kills: int) -> float:
     """Train an MLP on digits with 2 workers, SIGKILLing the aggregator ``kills`` times
     (over 1,200 updates, 20 kills are one every ~55 updates). Each new leader starts from
@@ -181,7 +189,8 @@ def _train(redis_url: str, client: redis.Redis, run_id: str, kills: int) -> floa
 
     budget = 1200
     store = create_run(client, RunConfig(run_id=run_id, model="mlp", dataset="digits",
-                                         batch_size=32, budget_updates=budget))
+                                         batch_size=32, budget_updates=budget,
+                                         max_pending=MAX_PENDING))
     agg_args = ("aggregator", "--run", run_id, "--redis-url", redis_url, "--lease-ms", "400",
                 "-v")
     workers = [GemqProcess("worker", "--run", run_id, "--redis-url", redis_url,
@@ -222,12 +231,11 @@ def test_twenty_sigkills_keep_training_on_course(redis_server: EmbeddedRedis,
     disturbed = _train(redis_server.url, redis_client, "chaos", kills=20)
     print(f"test accuracy undisturbed {undisturbed:.3f}, with 20 SIGKILLs {disturbed:.3f}")
     # _train checked the accounting (every update applied exactly once) and that each new
-    # leader restored the checkpointed moments. What 20 kills still cost (0.008 to 0.047
-    # below the undisturbed runs in six runs) is the backlog of gradients computed on the
-    # parameters of the moment of each kill while no aggregator ran: with max_pending 8
-    # instead of 64 it is within noise (docs/reliability.md has both distributions).
+    # leader restored the checkpointed moments. With a backlog of at most MAX_PENDING
+    # gradients per restart, 20 kills cost nothing beyond noise (-0.006 to +0.006 in five
+    # runs, two of them with a benchmark loading both cores; docs/reliability.md).
     assert undisturbed > 0.85
-    assert disturbed > undisturbed - 0.06, (undisturbed, disturbed)
+    assert disturbed > undisturbed - 0.03, (undisturbed, disturbed)
 
 
 def _parent_pid(pid: int) -> int:
