@@ -46,6 +46,13 @@ def _lines(page: Page, chart: str) -> dict[str, int]:
     return found
 
 
+def _wait_count(page: Page, runs: int) -> None:
+    """The tab's count of compared runs comes to ``runs`` (it is drawn at the next
+    animation frame after a box changes, not at once)."""
+    page.wait_for_function("n => document.querySelector('#compare-count').textContent === n",
+                           arg=str(runs), timeout=5_000)
+
+
 def _box(run: str) -> str:
     return f'#run-list li[data-run-id="{run}"] input[data-action=compare]'
 
@@ -82,7 +89,7 @@ def _compare_both(page: Page, api: httpx.Client, api_url: str) -> None:
     page.check(_box(FINISHED[0]))
     assert page.is_visible("#compare-view") and page.is_hidden("#run-view")
     page.check(_box(LIVE[0]))
-    assert page.text_content("#compare-count") == "2"
+    _wait_count(page, 2)
     for chart in CHARTS:
         page.wait_for_function("c => document.querySelectorAll(`${c} polyline`).length === 2",
                                arg=chart, timeout=15_000)
@@ -178,7 +185,7 @@ def _deselect(page: Page) -> None:
                                arg=chart, timeout=5_000)
         assert list(_lines(page, chart)) == [LIVE[0]]
     assert page.locator("#compare-legend li[data-run-id]").count() == 1
-    assert page.text_content("#compare-count") == "1"
+    _wait_count(page, 1)
     # The legend's remove button unticks the run's box too.
     page.click(f'#compare-legend li[data-run-id="{LIVE[0]}"] button[data-action=uncompare]')
     page.wait_for_selector("#compare-empty:not([hidden])", timeout=5_000)
