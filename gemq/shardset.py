@@ -9,6 +9,8 @@ thread pool, and reads go in one cluster pipeline (one round trip per node).
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -18,11 +20,47 @@ from redis.cluster import RedisCluster
 from gemq.shards import ShardPlan
 from gemq.store import RunStore, StepView
 
+#: shard -> (version, parameters): what a read of the shards' parameters gives.
+Snapshots = dict[int, tuple[int, np.ndarray]]
+
+
+class SharedReads:
+    """The newest parameters any worker of one process read, per shard of one run.
+
+    Every worker reads the whole model each time it changes; workers that share a process
+    share those reads: a worker asking for a version that another has read already (or a
+    newer one) gets that copy instead of a read of its own. The copies are read-only (each
+    worker loads them into its own model), and one read happens at a time, so workers that
+    want the same new version read it once between them.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._newest: Snapshots = {}
+
+    def get(self, versions: dict[int, int],
+            read: Callable[[dict[int, int]], Snapshots]) -> Snapshots:
+        """Shard -> (version, parameters) at ``versions`` or newer; ``read`` fetches what
+        no worker of the process has."""
+        with self._lock:
+            found = {k: self._newest[k] for k, version in versions.items()
+                     if k in self._newest and self._newest[k][0] >= version}
+            missing = {k: version for k, version in versions.items() if k not in found}
+            if missing:
+                fresh = read(missing)
+                for k, (version, params) in fresh.items():
+                    if k not in self._newest or version > self._newest[k][0]:
+                        self._newest[k] = (version, params)
+                found.update(fresh)
+        return found
+
 
 class RunShards:
-    """The shards of ``store``'s run, for a worker."""
+    """The shards of ``store``'s run, for a worker (``shared``: the reads it shares with the
+    other workers of its process)."""
 
-    def __init__(self, store: RunStore) -> None:
+    def __init__(self, store: RunStore, shared: SharedReads | None = None) -> None:
+        self.shared = shared
         self.stores = store.shards()
         self.plan: ShardPlan = store.plan()
         self.cluster = isinstance(store.client, RedisCluster)
@@ -46,9 +84,15 @@ class RunShards:
             at += store.view_length
         return views
 
-    def snapshots(self, versions: dict[int, int]) -> dict[int, tuple[int, np.ndarray]]:
-        """The parameters of each shard at the version given (the newest instead, where a
-        newer one replaced it meanwhile): shard -> (version, parameters)."""
+    def snapshots(self, versions: dict[int, int]) -> Snapshots:
+        """The parameters of each shard at the version given (a newer one instead, where
+        the process has it already or a newer one replaced it meanwhile): shard ->
+        (version, parameters)."""
+        if self.shared is None:
+            return self._read(versions)
+        return self.shared.get(versions, self._read)
+
+    def _read(self, versions: dict[int, int]) -> Snapshots:
         pipe = self._r.pipeline(transaction=False)
         for shard, version in versions.items():
             pipe.get(self.stores[shard].keys.params(version))

@@ -28,7 +28,7 @@ from gemq.logs import log_context
 from gemq.losses import load_loss
 from gemq.models import build_model, layout_of
 from gemq.process import die_with_parent, graceful_shutdown, keep_freed_memory, setup_logging
-from gemq.shardset import RunShards
+from gemq.shardset import RunShards, SharedReads
 from gemq.store import ENDED, RunState, RunStore, StepView
 from gemq.telemetry import SILENT_WORKER, WorkerObserver
 from gemq.threads import run_together
@@ -59,14 +59,15 @@ class Worker:
     """One logical worker of one run."""
 
     def __init__(self, store: RunStore, worker_id: str, config: RunConfig, data: DataSplit,
-                 options: WorkerOptions | None = None) -> None:
+                 options: WorkerOptions | None = None,
+                 shared: SharedReads | None = None) -> None:
         self.store = store
         self.worker_id = worker_id
         self.config = config
         self.options = options or WorkerOptions()
         self.device = resolve_device(self.options.device)
         self.layout_id = store.layout().layout_id
-        self.shards = RunShards(store)
+        self.shards = RunShards(store, shared)
         self.net = FlatModel(self._build_model(data), self.device, load_loss(config.loss),
                              config.loss, config.amp)
         self.batches = minibatches(data.train, config.batch_size,
@@ -219,7 +220,9 @@ def run_workers(store: RunStore, worker_ids: list[str], options: WorkerOptions,
     keep_freed_memory()
     config = store.config()
     data = load_dataset(config.dataset)
-    workers = [Worker(store, worker_id, config, data, options) for worker_id in worker_ids]
+    shared = SharedReads()  # the process's workers read each new version once between them
+    workers = [Worker(store, worker_id, config, data, options, shared)
+               for worker_id in worker_ids]
     steps = run_together([(w.worker_id, functools.partial(_run_logged, w)) for w in workers],
                          shutdown)
     return dict(zip(worker_ids, steps, strict=True))

@@ -161,3 +161,35 @@ def test_allocator_keeps_freed_megabyte_buffers() -> None:
         buffer = np.ones(1 << 21, np.float32)  # 8 MB, allocated and freed again
         del buffer
     assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults < 200
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_workers_of_one_process_read_each_version_once_between_them(
+        redis_client: redis.Redis, shared: bool) -> None:
+    """Three workers, three published versions: with the process's reads shared, Redis
+    serves three GETs of the parameters, not nine, and every model holds each version."""
+    from gemq.data import load_dataset
+    from gemq.shardset import SharedReads
+    from gemq.worker import Worker
+
+    store = tiny_run(redis_client, f"shared-{shared}", shards=2)
+    data = load_dataset("digits")
+    reads = SharedReads() if shared else None
+    workers = [Worker(store, f"w{i}", store.config(), data, shared=reads) for i in range(3)]
+    shards, plan = store.shards(), store.plan()
+    gets = lambda: redis_client.info("commandstats").get("cmdstat_get", {}).get("calls", 0)  # noqa: E731
+    before = gets()
+    for version in range(3):
+        state = np.full(plan.size, float(version + 1), np.float32)
+        if version:  # version 0 is the run's initial state
+            for shard, part in zip(shards, plan.shards, strict=True):
+                shard.client.set(shard.keys.params(version), state[part.slice].tobytes())
+                shard.client.hset(shard.keys.head, "version", version)
+        for worker in workers:
+            worker._load_newer({k: version for k in range(2)})
+            assert worker.versions == [version, version]
+            if version:
+                assert all(np.all(p.detach().numpy() == version + 1)
+                           for p in worker.net.model.parameters())
+    # One pipeline per read: a GET per shard in it.
+    assert gets() - before == (3 if shared else 9) * 2
