@@ -112,7 +112,7 @@ def encode(*, run_id: str, worker_id: str, param_version: int, samples: int, los
 
     The payload is copied once, into the message (a float32 gradient is not converted).
     """
-    payload = memoryview(_narrowed(gradient, dtype)).cast("B")  # type: ignore[arg-type]
+    payload = memoryview(wire_elements(gradient, dtype)).cast("B")  # type: ignore[arg-type]
     header = [FORMAT_VERSION, run_id, worker_id, int(param_version), int(samples),
               float(loss), dtype, layout_id]
     if accuracy is not None:
@@ -146,21 +146,19 @@ def to_bfloat16_bits(values: np.ndarray) -> np.ndarray:
     NaN stays NaN; values beyond bfloat16's range become infinities, which decoding
     refuses like any other non-finite value.
     """
-    from gemq import halfprecision  # compiled by numba: only senders of 16 bits pay for it
-
-    return halfprecision.to_bfloat16_bits(values)
+    return wire_elements(values, "bfloat16")
 
 
-def _narrowed(gradient: np.ndarray, dtype: str) -> np.ndarray:
+def wire_elements(gradient: np.ndarray, dtype: str) -> np.ndarray:
     """``gradient`` as the wire's elements: itself for float32, one compiled pass for
     16-bit types (numpy's own conversions are several times slower: gemq/halfprecision.py)."""
-    if dtype == "bfloat16":
-        return to_bfloat16_bits(gradient)
-    if dtype == "float16":
-        from gemq import halfprecision
+    if dtype not in ("bfloat16", "float16"):
+        return np.ascontiguousarray(gradient, dtype=WIRE_DTYPES[dtype])
+    from gemq import halfprecision  # compiled by numba: only senders of 16 bits pay for it
 
-        return halfprecision.to_float16(gradient)
-    return np.ascontiguousarray(gradient, dtype=WIRE_DTYPES[dtype])
+    if dtype == "bfloat16":
+        return halfprecision.to_bfloat16_bits(gradient)
+    return halfprecision.to_float16(gradient)
 
 
 #: float16 bit pattern -> float32 value. numpy's own float16 conversion runs in software,

@@ -13,6 +13,8 @@ subnormals).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from gemq.kernel import compiled
@@ -76,16 +78,18 @@ def to_bfloat16_bits(values: np.ndarray) -> np.ndarray:
     Every NaN becomes bfloat16's quiet NaN; values beyond bfloat16's range become
     infinities, which decoding refuses like any other non-finite value.
     """
-    bits = np.ascontiguousarray(values, dtype="<f4").reshape(-1).view(np.uint32)
-    out = np.empty(bits.shape[0], np.uint16)
-    _bfloat16_into(bits, out)
-    return out
+    return _narrowed(values, _bfloat16_into)
 
 
 def to_float16(values: np.ndarray) -> np.ndarray:
     """``values`` as float16 (rounded to nearest, ties to even), as numpy's ``astype`` gives
     them; NaN stays NaN (as float16's quiet NaN, with its sign)."""
+    return _narrowed(values, _float16_into).view("<f2")
+
+
+def _narrowed(values: np.ndarray, into: Any) -> np.ndarray:
+    """The 16-bit patterns ``into`` writes for the float32 bits of ``values``, flattened."""
     bits = np.ascontiguousarray(values, dtype="<f4").reshape(-1).view(np.uint32)
     out = np.empty(bits.shape[0], np.uint16)
-    _float16_into(bits, out)
-    return out.view("<f2")
+    into(bits, out)
+    return out

@@ -21,8 +21,7 @@ class Messages:
 
     def __init__(self, run_id: str, worker_id: str, layout_id: str, gradient: np.ndarray,
                  dtype: str = "float32") -> None:
-        elements = (codec.to_bfloat16_bits(gradient) if dtype == "bfloat16"
-                    else np.ascontiguousarray(gradient, dtype=codec.WIRE_DTYPES[dtype]))
+        elements = codec.wire_elements(gradient, dtype)
         self._header = [codec.FORMAT_VERSION, run_id, worker_id, 0, SAMPLES, LOSS, dtype,
                         layout_id]
         payload = memoryview(elements).cast("B")  # type: ignore[arg-type]
