@@ -19,8 +19,10 @@ from redis.connection import (
     PythonRespSerializer,
 )
 from redis.exceptions import RedisClusterException
+from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry
 
+from gemq.bulkreads import InPlaceParser
 from gemq.errors import RedisUnavailable
 
 log = logging.getLogger(__name__)
@@ -106,6 +108,14 @@ class ZeroCopyPacker:
         return (self._python if large else self._hiredis).pack(*args)
 
 
+def _reading_settings() -> dict[str, Any]:
+    """How gemq's connections read replies: large ones in place (gemq/bulkreads.py), in
+    chunks of SOCKET_READ_SIZE. redis-py allows its maintenance notifications (a Redis
+    Enterprise feature) only with its own parsers: they stay off."""
+    return {"parser_class": InPlaceParser, "socket_read_size": SOCKET_READ_SIZE,
+            "maint_notifications_config": MaintNotificationsConfig(enabled=False)}
+
+
 def connect(url: str, *, wait_s: float | None = 30.0, socket_timeout_s: float = 30.0,
             retries: int = 3) -> redis.Redis:
     """A client for ``url`` (redis://, rediss:// or unix://, password and ACL user included).
@@ -125,7 +135,7 @@ def connect(url: str, *, wait_s: float | None = 30.0, socket_timeout_s: float = 
             url, socket_connect_timeout=5, socket_timeout=socket_timeout_s,
             retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=retries),
             retry_on_error=list(TRANSIENT_ERRORS), health_check_interval=30,
-            command_packer=ZeroCopyPacker(), socket_read_size=SOCKET_READ_SIZE)
+            command_packer=ZeroCopyPacker(), **_reading_settings())
     except ValueError as e:
         raise RedisUnavailable(f"invalid Redis URL {redact(url)!r}: {e}") from e
     if wait_s is not None:
@@ -217,12 +227,14 @@ def _cluster_enabled(client: redis.Redis) -> bool:
 class _NodePool(redis.ConnectionPool):
     """The connection pool of each cluster node, with the settings ``connect`` gives a
     standalone client that RedisCluster would drop: it forwards only a fixed list of
-    connection arguments to its nodes, without ``command_packer`` or
-    ``health_check_interval``, but it does use the pool class it is given."""
+    connection arguments to its nodes, without ``command_packer``, ``health_check_interval``
+    or the parser, but it does use the pool class it is given."""
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("command_packer", ZeroCopyPacker())
         kwargs.setdefault("health_check_interval", 30)
+        for name, value in _reading_settings().items():
+            kwargs.setdefault(name, value)
         super().__init__(**kwargs)
 
 
@@ -244,7 +256,7 @@ def connect_cluster(url: str, *, wait_s: float | None = 30.0, socket_timeout_s: 
         return RedisCluster.from_url(
             url, socket_connect_timeout=5, socket_timeout=socket_timeout_s,
             retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=retries),
-            socket_read_size=SOCKET_READ_SIZE, connection_pool_class=_NodePool)
+            connection_pool_class=_NodePool)
     except ValueError as e:
         raise RedisUnavailable(f"invalid Redis URL {redact(url)!r}: {e}") from e
     except (RedisClusterException, redis.RedisError) as e:
