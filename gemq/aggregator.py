@@ -26,12 +26,13 @@ import redis
 
 from gemq import codec
 from gemq.checkpoints import MomentCheckpoints
+from gemq.codec import Message
 from gemq.config import RunConfig
 from gemq.connection import TRANSIENT_ERRORS, Backoff, connect
 from gemq.errors import CodecError, FencedError, RunLost, RunNotFound
 from gemq.keys import is_valid_worker_id
 from gemq.layout import ParamLayout
-from gemq.leadership import BatchRead, CommitPlan, Leadership, ReadRequest
+from gemq.leadership import BatchRead, CommitPlan, Fields, Leadership, ReadRequest
 from gemq.process import die_with_parent, graceful_shutdown, keep_freed_memory, setup_logging
 from gemq.rejections import RejectionLog, StallWatch
 from gemq.retention import release_if_ended
@@ -143,7 +144,7 @@ class Leader:
         """Entries read since the last commit (applied, rejected or unused)."""
         return len(self._ack)
 
-    def absorb(self, entries: list[tuple[str, bytes | None, str | None]]) -> None:
+    def absorb(self, entries: list[tuple[str, Message | None, str | None]]) -> None:
         """Apply entries into the open window, in arrival order."""
         started = time.perf_counter()
         self._learn_registered({sender for _, _, sender in entries if sender is not None})
@@ -191,7 +192,7 @@ class Leader:
         self.prev_id = self.last_id
         return plan
 
-    def process(self, entries: list[tuple[str, bytes | None, str | None]]) -> CommitPlan:
+    def process(self, entries: list[tuple[str, Message | None, str | None]]) -> CommitPlan:
         """Apply a batch in arrival order; return the plan that commits it alone."""
         self.absorb(entries)
         return self.close()
@@ -206,7 +207,7 @@ class Leader:
         """Who a rejection is counted under: the sender, if it is a registered worker."""
         return sender if sender in self._registered else UNKNOWN_WORKER
 
-    def _process_one(self, message: bytes | None, sender: str | None,
+    def _process_one(self, message: Message | None, sender: str | None,
                      window: CommitWindow) -> None:
         try:
             msg = codec.decode(message if message is not None else b"", self.expected)
@@ -463,15 +464,15 @@ def _stream_order(entry_id: str) -> tuple[int, int]:
     return int(milliseconds), int(sequence or 0)
 
 
-def _field(fields: dict[bytes, bytes] | None, name: bytes) -> bytes | None:
+def _field(fields: Fields | None, name: bytes) -> Message | None:
     return None if fields is None else fields.get(name)
 
 
-def _sender(fields: dict[bytes, bytes] | None) -> str | None:
+def _sender(fields: Fields | None) -> str | None:
     """The worker id the entry was published under, when it is a valid one."""
     raw = _field(fields, b"w")
     try:
-        sender = raw.decode() if raw is not None else None
+        sender = bytes(raw).decode() if raw is not None else None
     except UnicodeDecodeError:
         return None
     return sender if sender is not None and is_valid_worker_id(sender) else None

@@ -72,24 +72,29 @@ def _float16_into(bits: np.ndarray, out: np.ndarray) -> None:
         out[i] = np.uint16(half | ((b & _SIGN) >> 16))
 
 
-def to_bfloat16_bits(values: np.ndarray) -> np.ndarray:
-    """The bfloat16 bit patterns of ``values`` (rounded to nearest, ties to even), as uint16.
+def to_bfloat16_bits(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """The bfloat16 bit patterns of ``values`` (rounded to nearest, ties to even), as uint16,
+    in ``out`` where given (any alignment).
 
     Every NaN becomes bfloat16's quiet NaN; values beyond bfloat16's range become
     infinities, which decoding refuses like any other non-finite value.
     """
-    return _narrowed(values, _bfloat16_into)
+    return _narrowed(values, _bfloat16_into, out)
 
 
-def to_float16(values: np.ndarray) -> np.ndarray:
+def to_float16(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """``values`` as float16 (rounded to nearest, ties to even), as numpy's ``astype`` gives
-    them; NaN stays NaN (as float16's quiet NaN, with its sign)."""
-    return _narrowed(values, _float16_into).view("<f2")
+    them, in ``out`` where given (any alignment); NaN stays NaN (as float16's quiet NaN,
+    with its sign)."""
+    return _narrowed(values, _float16_into, out).view("<f2")
 
 
-def _narrowed(values: np.ndarray, into: Any) -> np.ndarray:
-    """The 16-bit patterns ``into`` writes for the float32 bits of ``values``, flattened."""
+def _narrowed(values: np.ndarray, into: Any, out: np.ndarray | None) -> np.ndarray:
+    """The 16-bit patterns ``into`` writes for the float32 bits of ``values``, flattened,
+    into ``out`` (a new array if None)."""
     bits = np.ascontiguousarray(values, dtype="<f4").reshape(-1).view(np.uint32)
-    out = np.empty(bits.shape[0], np.uint16)
+    out = np.empty(bits.shape[0], np.uint16) if out is None else out.view(np.uint16)
+    if out.shape != bits.shape:
+        raise ValueError(f"{bits.shape[0]} values do not fit {out.shape[0]} 16-bit elements")
     into(bits, out)
     return out

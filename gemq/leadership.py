@@ -21,11 +21,13 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from gemq import scripts
+from gemq.codec import Message
 from gemq.errors import FencedError, RunNotFound
 from gemq.keys import AGGREGATOR_CONSUMER, AGGREGATOR_GROUP
 from gemq.store import METRICS_MAXLEN, RunState, RunStore, f32_view
 
-Fields = dict[bytes, bytes]
+#: A stream entry's fields (the gradient, a memoryview when large: gemq/bulkreads.py).
+Fields = dict[bytes, Message]
 #: A staged parameter vector whose commit script never ran (the leader died between its SET
 #: and the script, or was fenced) is deleted by Redis after this long.
 STAGING_TTL_MS = 60_000

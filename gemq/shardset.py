@@ -10,13 +10,14 @@ thread pool, and reads go in one cluster pipeline (one round trip per node).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 from redis.cluster import RedisCluster
 
+from gemq.codec import Message
 from gemq.shards import ShardPlan
 from gemq.store import RunStore, StepView
 
@@ -102,7 +103,7 @@ class RunShards:
                             else self.stores[shard].latest())  # dropped: read the head again
         return found
 
-    def publish(self, worker_id: str, messages: dict[int, bytes]) -> list[StepView]:
+    def publish(self, worker_id: str, messages: Mapping[int, Message]) -> list[StepView]:
         """Publish ``messages[k]`` to shard k (the shards with room: not necessarily all);
         return every shard's view for the next step."""
         if self._pool is None:  # one server: one MULTI for every shard

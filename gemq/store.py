@@ -21,6 +21,7 @@ import numpy as np
 import redis
 
 from gemq import placement, scripts
+from gemq.codec import Message
 from gemq.config import RunConfig
 from gemq.errors import PublishRefused, RunExists, RunNotFound
 from gemq.keys import AGGREGATOR_GROUP, RUNS_INDEX, RunKeys, shard_tag
@@ -156,13 +157,13 @@ class RunStore:
         raw = self._r.get(self.keys.config)
         if raw is None:
             raise RunNotFound(f"no run {self.run_id!r} in Redis")
-        return RunConfig.from_json(raw)
+        return RunConfig.from_json(text(raw))
 
     def layout(self) -> ParamLayout:
         raw = self._r.get(self.keys.layout)
         if raw is None:
             raise RunNotFound(f"no run {self.run_id!r} in Redis")
-        return ParamLayout.from_json(raw)
+        return ParamLayout.from_json(text(raw))
 
     # --- parameters -------------------------------------------------------------------
 
@@ -256,7 +257,7 @@ class RunStore:
         self.queue_view(pipe)
         return self.view_of(pipe.execute())
 
-    def publish_gradient(self, worker_id: str, message: bytes) -> str:
+    def publish_gradient(self, worker_id: str, message: Message) -> str:
         """XADD one gradient and count it, atomically (so published counts are exact)."""
         pipe = self._r.pipeline(transaction=True)
         self._queue_publish(pipe, worker_id, message)
@@ -264,14 +265,14 @@ class RunStore:
         _check_published(replies)
         return str(replies[1].decode())
 
-    def publish_and_view(self, worker_id: str, message: bytes) -> StepView:
+    def publish_and_view(self, worker_id: str, message: Message) -> StepView:
         """``publish_gradient``, then ``step_view`` for the worker's next step, in one
         round trip (a worker reads the view right after publishing anyway)."""
         pipe = self._r.pipeline(transaction=True)
         self.queue_publish_and_view(pipe, worker_id, message)
         return self.published_view(pipe.execute(raise_on_error=False))
 
-    def queue_publish_and_view(self, pipe: Any, worker_id: str, message: bytes) -> None:
+    def queue_publish_and_view(self, pipe: Any, worker_id: str, message: Message) -> None:
         """Queue ``publish_and_view`` on a caller's transaction pipeline (several shards'
         in one, on one Redis)."""
         self._queue_publish(pipe, worker_id, message)
@@ -292,7 +293,7 @@ class RunStore:
         """Replies ``queue_publish_and_view`` adds to a pipeline."""
         return 3 + self.view_length
 
-    def _queue_publish(self, pipe: Any, worker_id: str, message: bytes) -> None:
+    def _queue_publish(self, pipe: Any, worker_id: str, message: Message) -> None:
         """Three commands (see scripts.MARK): the XADD is counted only if it took. The
         scripts go by their text (EVAL): inside a MULTI an unknown SHA would fail after the
         XADD had run, leaving it uncounted. They are sent by command name: a cluster
@@ -382,7 +383,13 @@ def run_ids(client: redis.Redis, limit: int = 100) -> list[str]:
 
 
 def _decoded_rows(rows: Any) -> list[tuple[str, dict[str, str]]]:
-    return [(i.decode(), {k.decode(): v.decode() for k, v in f.items()}) for i, f in rows]
+    return [(i.decode(), {k.decode(): text(v) for k, v in f.items()}) for i, f in rows]
+
+
+def text(raw: bytes | memoryview) -> str:
+    """A stored value as text. Values of a megabyte or more (a layout of tens of thousands
+    of tensors, their per-tensor pi) arrive as memoryviews (gemq/bulkreads.py)."""
+    return bytes(raw).decode()
 
 
 def as_f32_bytes(params: np.ndarray) -> bytes:

@@ -34,7 +34,7 @@ def small_run(client: redis.Redis, run_id: str = "t1", **settings: object) -> Ru
 
 
 def gradient_message(store: RunStore, worker_id: str, gradient: np.ndarray,
-                     version: int | None = None, **overrides: object) -> bytes:
+                     version: int | None = None, **overrides: object) -> memoryview:
     fields: dict[str, object] = {
         "run_id": store.run_id, "worker_id": worker_id,
         "param_version": store.head().version if version is None else version,

@@ -69,8 +69,8 @@ def test_rejected_messages_never_touch_parameters(redis_client: redis.Redis) -> 
     store.publish_gradient("w2", gradient_message(store, "w2", good, version=7))
     store.publish_gradient("w2", gradient_message(store, "w1", good))  # forged sender
     store.publish_gradient("w3", gradient_message(store, "w3", np.ones(5, np.float32)))
-    store.client.xadd(store.keys.gradients, {"w": "w3", "m": gradient_message(
-        store, "w3", good)[:-4] + np.float32(np.inf).tobytes()})  # last value patched: +Inf
+    store.client.xadd(store.keys.gradients, {"w": "w3", "m": bytes(gradient_message(
+        store, "w3", good))[:-4] + np.float32(np.inf).tobytes()})  # last value patched: +Inf
     before = params(store).copy()
     leader = Leader(store, store.config(), store.layout())
     assert Leadership(store, "t", 1000).acquire()

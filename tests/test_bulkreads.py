@@ -15,8 +15,11 @@ from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry
 
 from gemq.bulkreads import LARGE, InPlaceParser
+from gemq.config import RunConfig
 from gemq.connection import connect
 from gemq.embedded import EmbeddedRedis
+from gemq.layout import ParamLayout
+from gemq.store import RunStore
 
 #: redis-py allows its maintenance notifications only with its own parsers.
 NO_MAINTENANCE = MaintNotificationsConfig(enabled=False)
@@ -169,3 +172,16 @@ def test_a_bulk_string_without_its_terminator_is_a_protocol_error() -> None:
     finally:
         r.close()
         fake.stop()
+
+
+def test_a_layout_of_a_megabyte_and_more_reads_back(client: redis.Redis) -> None:
+    """Text values of that size (a model of tens of thousands of tensors) arrive as
+    memoryviews too: the run's layout still reads back."""
+    layout = ParamLayout.from_shapes([(f"block{i:05d}.attention.projection.weight", (2,))
+                                      for i in range(40_000)])
+    store = RunStore(client, "many-tensors")
+    store.create(RunConfig(run_id="many-tensors"), layout, np.zeros(layout.size, np.float32))
+    assert len(layout.to_json()) > LARGE
+    assert isinstance(client.get(store.keys.layout), memoryview)
+    assert store.layout().to_json() == layout.to_json()
+    assert store.config().run_id == "many-tensors"

@@ -44,7 +44,7 @@ def widened(values: np.ndarray, dtype: str) -> np.ndarray:
     return elements.astype(np.float32)
 
 
-def make(**changes: object) -> bytes:
+def make(**changes: object) -> memoryview:
     kwargs: dict[str, object] = {"run_id": "run-1", "worker_id": "worker-7", "param_version": 42,
                                  "samples": 64, "loss": 0.125, "layout_id": "layout-abc",
                                  "gradient": GRADIENT, "dtype": "float32"}
@@ -147,6 +147,17 @@ def test_a_message_without_accuracy_is_the_8_field_format() -> None:
     assert decode(raw([*HEADER, None]), EXPECTED).accuracy is None
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_encode_gives_a_read_only_message_msgpack_reads(dtype: str) -> None:
+    data = make(dtype=dtype)
+    assert isinstance(data, memoryview) and data.readonly
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(data)
+    header, payload = list(unpacker)
+    assert header == [*HEADER[:6], dtype, HEADER[7]]
+    assert payload == wire(GRADIENT, dtype).tobytes()
+
+
 def test_integer_accuracy_on_the_wire_is_read_as_float() -> None:
     for value in (0, 1):
         msg = decode(raw([*HEADER, value]), EXPECTED)
@@ -194,8 +205,8 @@ def test_encode_accepts_float32_input_and_size_zero() -> None:
 
 @pytest.mark.parametrize("wrap", [bytes, memoryview])
 def test_zero_copy_and_read_only(wrap: type) -> None:
-    data = make()
-    msg = decode(wrap(data), EXPECTED)
+    data = wrap(make())
+    msg = decode(data, EXPECTED)
     gradient = msg.gradient
     assert gradient.base is not None
     assert not gradient.flags.owndata
@@ -240,8 +251,8 @@ def test_malformed_not_bytes(message: object) -> None:
     msgpack.packb(HEADER),  # no payload at all
     msgpack.packb(HEADER) + msgpack.packb(list(range(SIZE))),  # payload not a bin
     msgpack.packb(HEADER) + msgpack.packb(GRADIENT.astype("<f4").tobytes().decode("latin-1")),
-    make() + b"\x00",  # trailing byte
-    make() + make(),  # two messages back to back
+    bytes(make()) + b"\x00",  # trailing byte
+    bytes(make()) + bytes(make()),  # two messages back to back
     make()[:-1],  # one byte short
     b"\xff" * 50,
     # The header may hold no msgpack bin (max_bin_len=0): a bytes field is malformed.
@@ -284,7 +295,7 @@ def test_too_large() -> None:
     assert EXPECTED16.byte_limit == SIZE * 2 + codec.HEADER_ALLOWANCE
     assert reason(b"\x00" * (EXPECTED.byte_limit + 1)) == "too_large"
     assert reason(b"\x00" * EXPECTED.byte_limit) == "malformed"
-    assert reason(data + b"\x00" * codec.HEADER_ALLOWANCE) == "too_large"
+    assert reason(bytes(data) + b"\x00" * codec.HEADER_ALLOWANCE) == "too_large"
 
 
 @pytest.mark.parametrize("fmt", [0, 2, -1, 2**40, True, "1", None, 1.0, [1]],

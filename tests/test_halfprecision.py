@@ -54,3 +54,16 @@ def test_conversions_take_any_float_array(convert) -> None:  # type: ignore[no-u
     out = convert(grid)
     assert out.shape == (6,)
     np.testing.assert_array_equal(out, convert(np.ascontiguousarray(grid, np.float32).ravel()))
+
+
+@pytest.mark.parametrize("convert", [halfprecision.to_bfloat16_bits, halfprecision.to_float16])
+def test_conversions_write_into_a_misaligned_buffer(convert) -> None:  # type: ignore[no-untyped-def]
+    """As encode does: straight into the message, after a header of odd length."""
+    values = all_inputs()[:100_003]
+    expected = convert(values).view(np.uint16)
+    message = np.zeros(7 + 2 * values.size, np.uint8)
+    written = convert(values, out=message[7:])
+    np.testing.assert_array_equal(message[7:].view(np.uint16), expected)
+    assert np.shares_memory(written, message) and message[:7].sum() == 0
+    with pytest.raises(ValueError, match="do not fit"):
+        convert(values, out=message[5:])

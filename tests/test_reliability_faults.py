@@ -19,6 +19,7 @@ import redis
 from gemq import codec
 from gemq.aggregator import READ_BUDGET_BYTES, Leader
 from gemq.config import RunConfig
+from gemq.connection import connect
 from gemq.embedded import EmbeddedRedis
 from gemq.errors import PublishRefused
 from gemq.layout import ParamLayout
@@ -210,6 +211,25 @@ def test_entries_without_a_valid_sender_are_rejected(redis_client: redis.Redis,
     assert leader.updates == 0
     np.testing.assert_array_equal(leader.theta, before)
     assert store.counters() == {"rejected:bad_sender": 1}
+
+
+def test_a_sender_field_of_megabytes_is_rejected(redis_server: EmbeddedRedis) -> None:
+    """gemq's own client reads values of a megabyte or more as memoryviews (gemq/bulkreads.py):
+    one in the sender field is refused like any other invalid sender."""
+    client = connect(redis_server.url)
+    try:
+        client.flushall()
+        store = small_run(client)
+        store.heartbeat("w1")
+        client.xadd(store.keys.gradients, {
+            "m": gradient_message(store, "w1", np.ones(SMALL_LAYOUT.size, np.float32)),
+            "w": b"w1" * (1 << 20)})
+        leader, before = _lead(store)
+        assert leader.updates == 0
+        np.testing.assert_array_equal(leader.theta, before)
+        assert store.counters() == {"rejected:bad_sender": 1}
+    finally:
+        client.close()
 
 
 def test_gradients_from_unregistered_senders_are_rejected(redis_client: redis.Redis) -> None:

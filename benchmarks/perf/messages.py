@@ -8,7 +8,6 @@ the message), not a fresh gradient's encoding each time.
 
 from __future__ import annotations
 
-import msgpack
 import numpy as np
 
 from gemq import codec
@@ -21,21 +20,21 @@ class Messages:
 
     def __init__(self, run_id: str, worker_id: str, layout_id: str, gradient: np.ndarray,
                  dtype: str = "float32") -> None:
-        elements = codec.wire_elements(gradient, dtype)
-        self._header = [codec.FORMAT_VERSION, run_id, worker_id, 0, SAMPLES, LOSS, dtype,
-                        layout_id]
-        payload = memoryview(elements).cast("B")  # type: ignore[arg-type]
-        self._payload = msgpack.packb(payload, use_bin_type=True)
-        self._version, self._message = -1, b""
+        self._payload = codec.wire_elements(gradient, dtype).view(np.uint8)
+        self._header: list[object] = [codec.FORMAT_VERSION, run_id, worker_id, 0, SAMPLES,
+                                      LOSS, dtype, layout_id]
+        self._version, self._message = -1, memoryview(b"")
         assert self.at(0) == codec.encode(run_id=run_id, worker_id=worker_id, param_version=0,
                                           samples=SAMPLES, loss=LOSS, layout_id=layout_id,
                                           gradient=gradient, dtype=dtype)
 
-    def at(self, version: int) -> bytes:
+    def at(self, version: int) -> memoryview:
         """The message of a gradient computed on ``version`` (re-made only when it moved)."""
         if version != self._version:
-            self._message = b""  # the old one goes before the new one is made
+            self._message = memoryview(b"")  # the old one goes before the new one is made
             self._header[3] = version
-            self._message = msgpack.packb(self._header) + self._payload
+            message, payload = codec.frame(self._header, self._payload.size)
+            payload[:] = self._payload
+            self._message = message.data.toreadonly()
             self._version = version
         return self._message
