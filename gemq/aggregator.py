@@ -39,7 +39,7 @@ from gemq.retention import release_if_ended
 from gemq.rules import TENSOR_MEDIAN_SAMPLE, Rule, make_rule, median_sample
 from gemq.shards import ShardPlan
 from gemq.snapshots import SnapshotHistory, kept_versions
-from gemq.store import ENDED, RunState, RunStore, now_ms
+from gemq.store import ENDED, RunState, RunStore, now_ms, text
 from gemq.telemetry import SILENT_AGGREGATOR, AggregatorObserver
 from gemq.threads import run_together
 from gemq.window import UNKNOWN_WORKER, CommitWindow
@@ -472,7 +472,7 @@ def _sender(fields: Fields | None) -> str | None:
     """The worker id the entry was published under, when it is a valid one."""
     raw = _field(fields, b"w")
     try:
-        sender = bytes(raw).decode() if raw is not None else None
+        sender = text(raw) if raw is not None else None
     except UnicodeDecodeError:
         return None
     return sender if sender is not None and is_valid_worker_id(sender) else None

@@ -15,6 +15,8 @@ ordered as their values; infinity and every NaN lie above all finite ones).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from gemq.kernel import compiled
@@ -25,6 +27,7 @@ _FLOAT16_TO_FLOAT32_BITS = (np.arange(1 << 16, dtype=np.uint16).view(np.float16)
                             .astype(np.float32).view(np.uint32))
 
 
+@functools.cache  # one limit in practice, asked once per gradient decoded
 def largest_float32_bits(limit: float) -> np.uint32:
     """The bits of the largest non-negative float32 that is at most ``limit``."""
     nearest = np.float32(limit)

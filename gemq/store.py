@@ -386,7 +386,7 @@ def _decoded_rows(rows: Any) -> list[tuple[str, dict[str, str]]]:
     return [(i.decode(), {k.decode(): text(v) for k, v in f.items()}) for i, f in rows]
 
 
-def text(raw: bytes | memoryview) -> str:
+def text(raw: Message) -> str:
     """A stored value as text. Values of a megabyte or more (a layout of tens of thousands
     of tensors, their per-tensor pi) arrive as memoryviews (gemq/bulkreads.py)."""
     return bytes(raw).decode()
