@@ -18,12 +18,14 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gemq ./gemq
 COPY services ./services
+COPY web ./web
 # --no-deps: pyproject.toml's dependencies include torch, which the aggregator never
 # imports. Then fail the build if torch got in anyway, or if the service no longer imports
-# without it.
+# without it. `python -P`: the checks import the installed package, not the source tree in
+# the working directory (which lacks gemq.services and gemq.web).
 RUN pip install --no-deps . \
- && python -c "import importlib.util as u; assert u.find_spec('torch') is None, 'torch'" \
- && python -c "import gemq.services.aggregator, gemq.services.telemetry, gemq.cli"
+ && python -P -c "import importlib.util as u; assert u.find_spec('torch') is None, 'torch'" \
+ && python -P -c "import gemq.services.aggregator, gemq.services.telemetry, gemq.cli"
 
 # ---- runtime: the environment only, as an unprivileged user ----------------------------
 FROM ${PYTHON_IMAGE}

@@ -22,9 +22,9 @@ COPY gemq ./gemq
 COPY services ./services
 COPY web ./web
 # The dashboard (web/) is package data of gemq (gemq.web); the check fails the build if the
-# installed package lacks it.
+# installed package lacks it (`python -P`: the installed package, not the source tree here).
 RUN pip install "./[datasets]" \
- && python -c "from gemq.services.api.app import WEB_DIR as w; assert (w / 'index.html').is_file(), w"
+ && python -P -c "from gemq.services.api.app import WEB_DIR as w; assert (w / 'index.html').is_file(), w"
 
 # ---- runtime: the environment only, as an unprivileged user -----------------------------
 FROM ${PYTHON_IMAGE}

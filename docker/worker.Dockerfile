@@ -23,10 +23,12 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gemq ./gemq
 COPY services ./services
+COPY web ./web
 # gemq itself, the bundled datasets and the rest of its dependencies (the torch above
-# satisfies pyproject.toml's range, so pip keeps it).
+# satisfies pyproject.toml's range, so pip keeps it). `python -P`: the check imports the
+# installed package, not the source tree in the working directory.
 RUN pip install "./[datasets]" \
- && python -c "import torch, gemq.worker, gemq.services.worker; print('torch', torch.__version__)"
+ && python -P -c "import torch, gemq.services.worker; print('torch', torch.__version__)"
 
 # ---- runtime: the environment only, as an unprivileged user ----------------------------
 FROM ${PYTHON_IMAGE}
