@@ -33,6 +33,13 @@ def counters(stores: Sequence[RunStore]) -> dict[str, int]:
             for name in sorted(names)}
 
 
+def unused(stores: Sequence[RunStore], counts: dict[str, int]) -> int:
+    """Gradients an ended run will never apply: those counted when its streams were emptied
+    at its end, and any published after that (still in a stream: a worker's publication
+    can cross the run's end)."""
+    return counts.get("unused", 0) + max(store.unconsumed() for store in stores)
+
+
 def heads(stores: Sequence[RunStore]) -> list[Head]:
     return [store.head() for store in stores]
 

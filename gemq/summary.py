@@ -101,7 +101,7 @@ def run_totals(store: RunStore) -> dict[str, Any]:
         "published": counters.get("published", 0),
         "rejected": {k.removeprefix("rejected:"): v for k, v in sorted(counters.items())
                      if k.startswith("rejected:")},
-        "unused": counters.get("unused", 0) + max(s.unconsumed() for s in shards),
+        "unused": combine.unused(shards, counters),
         "version": combine.slowest(combine.heads(shards)).version,
         "staleness_mean": _weighted(rows, "staleness_mean", applied, weight),
         "staleness_max": max((int(r["staleness_max"]) for r in rows), default=0),

@@ -10,7 +10,7 @@ import redis
 
 from gemq import combine
 from gemq.errors import RunNotFound
-from gemq.store import Head, RunStore, now_ms, run_ids
+from gemq.store import ENDED, Head, RunStore, now_ms, run_ids
 
 from ..jobs import job_state
 
@@ -86,6 +86,15 @@ def run_summary(store: RunStore, queue: redis.Redis,
     }
 
 
+def _counters(shards: list[RunStore], state: str) -> dict[str, int]:
+    """The run's counters; an ended run's unused ones include what is still in its streams,
+    so that published = applied + rejected + unused holds (as in gemq run's summary)."""
+    counts = combine.counters(shards)
+    if state in ENDED:
+        counts["unused"] = combine.unused(shards, counts)
+    return counts
+
+
 def run_view(store: RunStore, queue: redis.Redis) -> dict[str, Any]:
     shards = store.shards()
     heads = combine.heads(shards)  # one read for the progress and the shard table
@@ -100,7 +109,7 @@ def run_view(store: RunStore, queue: redis.Redis) -> dict[str, Any]:
         "config": json.loads(store.config().to_json()),
         "tensors": [t.name for t in store.layout().params],  # the heat map's rows
         "latest": latest,
-        "counters": combine.counters(shards),
+        "counters": _counters(shards, store.status()["state"]),
         "shards": table,
         "shards_overall": combine.overall(table),
         # The most recently heard from; the total says how many there are in all.
