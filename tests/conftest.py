@@ -1,13 +1,16 @@
-"""Shared fixtures: real redis-server processes on free loopback ports, started here."""
+"""Shared fixtures: real redis-server processes on free loopback ports, started here; for
+the container tests, gemq's images (built once a session) and a podman network."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 import redis
 
 from gemq.embedded import EmbeddedRedis
+from tests import podman
 
 
 @pytest.fixture
@@ -22,3 +25,31 @@ def redis_client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_server.url)
     yield client
     client.close()
+
+
+@pytest.fixture
+def network(request: pytest.FixtureRequest) -> Iterator[podman.Network]:
+    """A fresh labelled network; every container on it is removed afterwards, its logs kept
+    in test-artifacts/<test>/ for a failure's reading."""
+    podman.require_podman()
+    podman.clean_up()
+    name = f"gemq-test-{os.getpid()}"
+    podman.podman("network", "create", "--label", podman.LABEL, name)
+    net = podman.Network(name)
+    try:
+        yield net
+    finally:
+        folder = podman.ARTIFACTS / request.node.name
+        folder.mkdir(parents=True, exist_ok=True)
+        for container in net.containers:
+            (folder / f"{container}.log").write_text(podman.logs(container))
+        podman.clean_up()
+
+
+@pytest.fixture(scope="session")
+def images() -> dict[str, podman.BuiltImage]:
+    """The three images, built from the shipped Dockerfiles once a session (podman's layer
+    cache makes a rebuild of unchanged layers quick)."""
+    podman.require_podman()
+    return {service: podman.build_image(service, f"localhost/gemq-{service}:test")
+            for service in podman.IMAGES}
