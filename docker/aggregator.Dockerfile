@@ -11,9 +11,11 @@ ARG PYTHON_IMAGE=python:3.12.8-slim-bookworm
 # ---- build: a virtual environment with gemq and the aggregator's requirements ----------
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
-COPY docker/aggregator-requirements.txt /tmp/requirements.txt
+# The service's requirements at the releases docker/constraints.txt pins: a layer that is
+# rebuilt only when one of the two files changes.
+COPY docker/aggregator-requirements.txt docker/constraints.txt /tmp/
 RUN python -m venv /opt/venv \
- && pip install --requirement /tmp/requirements.txt
+ && pip install --constraint /tmp/constraints.txt --requirement /tmp/aggregator-requirements.txt
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gemq ./gemq

@@ -16,6 +16,10 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
 RUN python -m venv /opt/venv \
  && pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+# Every other dependency (the bundled datasets' packages included) at the releases
+# docker/constraints.txt pins: a layer rebuilt only when that file changes.
+COPY docker/constraints.txt /tmp/constraints.txt
+RUN pip install --requirement /tmp/constraints.txt
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gemq ./gemq
@@ -23,7 +27,8 @@ COPY services ./services
 COPY web ./web
 # The dashboard (web/) is package data of gemq (gemq.web); the check fails the build if the
 # installed package lacks it (`python -P`: the installed package, not the source tree here).
-RUN pip install "./[datasets]" \
+RUN pip install --constraint /tmp/constraints.txt "./[datasets]" \
+ && pip check \
  && python -P -c "from gemq.services.api.app import WEB_DIR as w; assert (w / 'index.html').is_file(), w"
 
 # ---- runtime: the environment only, as an unprivileged user -----------------------------

@@ -19,15 +19,20 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
 RUN python -m venv /opt/venv \
  && pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+# Every other dependency (the bundled datasets' packages included) at the releases
+# docker/constraints.txt pins: a layer rebuilt only when that file changes.
+COPY docker/constraints.txt /tmp/constraints.txt
+RUN pip install --requirement /tmp/constraints.txt
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gemq ./gemq
 COPY services ./services
 COPY web ./web
-# gemq itself, the bundled datasets and the rest of its dependencies (the torch above
-# satisfies pyproject.toml's range, so pip keeps it). `python -P`: the check imports the
+# gemq itself (its dependencies are all in place: the torch above satisfies pyproject.toml's
+# range, so pip keeps it; `pip check` fails the build if any pin does not). `python -P`: the check imports the
 # installed package, not the source tree in the working directory.
-RUN pip install "./[datasets]" \
+RUN pip install --constraint /tmp/constraints.txt "./[datasets]" \
+ && pip check \
  && python -P -c "import torch, gemq.services.worker; print('torch', torch.__version__)"
 
 # ---- runtime: the environment only, as an unprivileged user ----------------------------

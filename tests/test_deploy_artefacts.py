@@ -366,6 +366,37 @@ def test_images_install_the_torch_the_constraints_pin() -> None:
     assert "pip install --no-deps ." in runs and "torch" not in _requirements()
 
 
+def test_the_images_install_pinned_releases_within_pyproject_ranges() -> None:
+    """docker/constraints.txt pins every dependency the images install, each inside
+    pyproject.toml's range (the builds' `pip check` covers what those bring in); torch and
+    gemq are not in it (TORCH_VERSION and the source tree give them)."""
+    pins = {_canonical(r.name): r for r in _lines_as_requirements(DOCKER / "constraints.txt")}
+    for pin in pins.values():
+        assert [s.operator for s in pin.specifier] == ["=="], f"{pin}: not an exact pin"
+    assert "torch" not in pins and "gemq" not in pins
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [Requirement(d) for d in
+              project["dependencies"] + project["optional-dependencies"]["datasets"]]
+    for requirement in wanted:
+        if requirement.name == "torch":
+            continue
+        for name in (requirement.name, *requirement.extras):  # redis[hiredis]: hiredis too
+            pin = pins.get(_canonical(name))
+            assert pin is not None, f"docker/constraints.txt does not pin {name}"
+        (exact,) = pins[_canonical(requirement.name)].specifier
+        assert requirement.specifier.contains(exact.version), (requirement, exact)
+    for dockerfile in DOCKERFILES.values():
+        runs = [rest for word, rest in _instructions(dockerfile) if word == "RUN"]
+        installs = [r for r in runs if "pip install" in r and "torch==" not in r]
+        assert installs and all("constraints.txt" in r or "--no-deps" in r
+                                for r in installs), dockerfile.name
+
+
+def _lines_as_requirements(path: Path) -> list[Requirement]:
+    return [Requirement(line) for line in path.read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+
+
 def test_the_images_leave_the_optional_extras_out() -> None:
     """TensorBoard and tab completion serve people who run gemq by hand: no service image
     installs them, nor the test extra that brings them."""
@@ -396,8 +427,7 @@ def test_the_build_context_holds_what_the_dockerfiles_copy() -> None:
 
 
 def _requirements() -> list[Requirement]:
-    lines = (DOCKER / "aggregator-requirements.txt").read_text().splitlines()
-    return [Requirement(line) for line in lines if line.strip() and not line.startswith("#")]
+    return _lines_as_requirements(DOCKER / "aggregator-requirements.txt")
 
 
 def _closure(requirements: list[Requirement]) -> set[str]:
