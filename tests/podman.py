@@ -70,9 +70,29 @@ def require_podman() -> None:
     pytest.skip(message)
 
 
+#: What a test made that carries no label (kube play's pods and volumes), one per line.
+MADE = ARTIFACTS / "podman-made.txt"
+
+
+def remember(pods: list[str] = (), volumes: list[str] = ()) -> None:  # type: ignore[assignment]
+    """Note pods and volumes for clean_up() that cannot carry the test label."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    with MADE.open("a") as f:
+        f.writelines([f"pod {p}\n" for p in pods] + [f"volume {v}\n" for v in volumes])
+
+
 def clean_up() -> None:
     """Remove every pod, container, volume and network a container test made."""
     podman("pod", "rm", "--force", "--filter", f"label={LABEL}", check=False)
+    made = [line.split(" ", 1) for line in MADE.read_text().splitlines()] \
+        if MADE.exists() else []
+    for kind, name in made:
+        if kind == "pod":
+            podman("pod", "rm", "--force", "--time", "0", name, check=False)
+    for kind, name in made:
+        if kind == "volume":
+            podman("volume", "rm", "--force", name, check=False)
+    MADE.unlink(missing_ok=True)
     ids = podman("ps", "--all", "--quiet", "--filter", f"label={LABEL}", check=False)
     if ids.stdout.split():
         podman("rm", "--force", "--time", "0", *ids.stdout.split(), check=False)
@@ -153,7 +173,8 @@ class Network:
     def run(self, name: str, image: str, *args: str, aliases: tuple[str, ...] = (),
             options: tuple[str, ...] = ()) -> str:
         """Start a container (detached) on this network, reachable as each alias."""
-        network = self.name + "".join(f":alias={a}" for a in aliases)
+        network = self.name + (":" + ",".join(f"alias={a}" for a in aliases)
+                               if aliases else "")
         podman("run", "--detach", "--name", name, "--hostname", name, "--label", LABEL,
                "--network", network, *options, image, *args)
         self.containers.append(name)

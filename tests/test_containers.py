@@ -248,3 +248,34 @@ def _watch_in_the_browser(url: str) -> None:
             assert errors == []
         finally:
             browser.close()
+
+
+def _healthy(container: str) -> bool:
+    return podman("healthcheck", "run", container, check=False).returncode == 0
+
+
+@pytest.mark.timeout(600)
+def test_the_healthchecks_pass_while_healthy_and_fail_while_frozen(
+        network: Network, images: dict[str, BuiltImage], api: httpx.Client) -> None:
+    """Each image's own HEALTHCHECK, run by podman: healthy while the service works,
+    unhealthy while its process is frozen (SIGSTOP; the heartbeat probes see the heartbeat
+    go stale past 30 s, the API's sees /healthz time out), healthy again once it goes on."""
+    queue = ("--env", f"GEMQ_QUEUE_URL={REDIS_URL}")
+    services = ["gemq-test-api",
+                _service(network, "gemq-test-aggregator-a", "aggregator", images, *queue),
+                _service(network, "gemq-test-worker-1", "worker", images)]
+    for name in services:
+        wait_for(lambda n=name: _healthy(n), 120, f"{name} healthy")
+    frozen_at = time.monotonic()
+    for name in services:
+        podman("kill", "--signal", "STOP", name)
+    unhealthy_after = {}
+    for name in services:
+        wait_for(lambda n=name: not _healthy(n), 90, f"{name} unhealthy while frozen",
+                 every_s=2)
+        unhealthy_after[name] = round(time.monotonic() - frozen_at, 1)
+    for name in services:
+        podman("kill", "--signal", "CONT", name)
+    for name in services:
+        wait_for(lambda n=name: _healthy(n), 60, f"{name} healthy again")
+    record("healthchecks", {"unhealthy_after_freeze_s": unhealthy_after})
