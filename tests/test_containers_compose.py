@@ -170,6 +170,12 @@ def test_compose_runs_a_run(images: dict[str, BuiltImage],
         for c in compose.containers():
             (folder / f"{c['Names'][0]}.log").write_text(logs(c["Names"][0]))
         compose("down", "-v", timeout=180, check=False)
+        # What down missed (it knows only the file's containers): this project's own.
+        if left := [c["Id"] for c in compose.containers()]:
+            podman("rm", "--force", "--time", "0", *left, check=False)
+        podman("pod", "rm", "--force", f"pod_{compose.project}", check=False)
+        podman("volume", "rm", "--force", f"{compose.project}_redis-data", check=False)
+        podman("network", "rm", "--force", f"{compose.project}_default", check=False)
 
 
 def _balanced(counters: dict[str, int]) -> bool:
