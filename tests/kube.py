@@ -43,12 +43,14 @@ DIFFERENCES = [
     "$(VAR) references between env entries are expanded (kube play 4.3 leaves them literal)",
     "StatefulSet: one Pod per ordinal, named as Kubernetes names it (NAME-0, ...), with a "
     "PersistentVolumeClaim per claim template (kube play 4.3 has no StatefulSet)",
-    "Deployment and Job: one pod per replica, each with emptyDir volumes of its own (kube "
-    "play 4.3 makes an emptyDir a named volume that every pod of the file shares)",
+    "Deployment: one pod per replica, each with emptyDir volumes of its own (kube play 4.3 "
+    "makes an emptyDir a named volume that every pod of the file shares)",
+    "Job: its pod template played as a Pod (restartPolicy as written); the test waits for it "
+    "to exit 0 where the Job controller would",
     "containerPorts are dropped (kube play 4.3 publishes each on the host's same port, so "
     "replicas collide); the API's gets a free host port, the stand-in for a port-forward",
-    "fieldRef env (metadata.name, status.podIP) is filled in with the pod's name and the "
-    "static address it is given (kube play 4.3 sets neither)",
+    "fieldRef env (metadata.name, status.podIP) is filled in here with the pod's name and "
+    "the static address it is played with (a StatefulSet pod's address is needed up front)",
 ]
 
 

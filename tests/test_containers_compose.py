@@ -152,7 +152,11 @@ def test_compose_runs_a_run(images: dict[str, BuiltImage],
         compose("stop", timeout=120)
         stop_s = time.time() - stop_at
         stopped = compose.containers()
-        stops = {c["Names"][0]: round(c["ExitedAt"] - stop_at, 1) for c in stopped}
+        # Seconds from the stop command to each container's exit (ps's ExitedAt is whole
+        # seconds; inspect's FinishedAt is not).
+        stops = {c["Names"][0]: round(int(podman(
+            "inspect", c["Id"], "--format", "{{.State.FinishedAt.UnixNano}}").stdout) / 1e9
+            - stop_at, 1) for c in stopped}
         for c in stopped:
             name = c["Names"][0]
             restarts = podman("inspect", name, "--format", "{{.RestartCount}}").stdout.strip()

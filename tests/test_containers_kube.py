@@ -108,7 +108,10 @@ def _run_to_its_end(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any
 
     wait_for(lambda: view()["state"] != "running" and view()["state"] != "created", 900,
              f"the end of {run}", every_s=2)
-    wait_for(lambda: _balanced(view()["counters"]), 30, f"balanced counters: {view()}")
+    if body.get("shards", 1) == 1:
+        # A sharded run's counters combine its shards' (gemq/combine.py: published and
+        # applied the smallest, unused the largest), so they balance per shard only.
+        wait_for(lambda: _balanced(view()["counters"]), 30, f"balanced counters: {view()}")
     return view()
 
 
