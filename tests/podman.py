@@ -124,7 +124,9 @@ def build_image(service: str, tag: str) -> BuiltImage:
     if (links := _find_links()) is not None:
         volumes = ["--volume", f"{links}:{links}:ro"]
     started = time.monotonic()
-    podman("build", "--network", "host", *volumes,
+    # --format docker: the OCI image format has no HEALTHCHECK, and podman would drop the
+    # Dockerfiles' (docker build makes this format too).
+    podman("build", "--format", "docker", "--network", "host", *volumes,
            "--build-arg", f"PYTHON_IMAGE={PYTHON_IMAGE}",
            "--build-arg", f"TORCH_INDEX_URL={TORCH_INDEX_URL}",
            "--file", f"docker/{service}.Dockerfile", "--tag", tag, str(ROOT), timeout=1500)

@@ -175,7 +175,8 @@ def test_a_run_lives_in_containers(network: Network, images: dict[str, BuiltImag
     accuracy = _held_out_accuracy(api)
     assert accuracy >= 0.95, accuracy
 
-    stopped = [stop(name, GRACE_S[_kind(name)]) for name in network.containers
+    # In the reverse order of their start, as `compose down` does: Redis last.
+    stopped = [stop(name, GRACE_S[_kind(name)]) for name in reversed(network.containers)
                if name != killed and name not in workers[1:]]
     _assert_clean_stops(scaled_down + stopped, network.containers)
     record("run_in_containers", {
