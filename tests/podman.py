@@ -18,6 +18,7 @@ Dockerfiles or the manifests:
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -26,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -202,3 +204,28 @@ def record(name: str, values: dict) -> None:
     data = json.loads(path.read_text()) if path.exists() else {}
     data[name] = values
     path.write_text(json.dumps(data, indent=2, sort_keys=True))
+
+
+def balanced(counters: dict[str, int]) -> bool:
+    """A run's REST counters: every gradient published was applied, rejected (any reason)
+    or left unused."""
+    rejected = sum(v for k, v in counters.items() if k.startswith("rejected:"))
+    return counters["published"] == counters["applied"] + rejected + counters.get("unused", 0)
+
+
+def held_out_accuracy(client: Any, run: str) -> float:
+    """The run's model downloaded over REST (``client``: an httpx client of the API), loaded
+    into the paper's CNN, scored on mnist5k's 1,000 held-out samples."""
+    import torch
+
+    from gemq.data import load_dataset
+    from gemq.evaluate import evaluate
+    from gemq.models import PaperCNN
+
+    got = client.get(f"/api/runs/{run}/model")
+    assert got.status_code == 200, got.text
+    model = PaperCNN()
+    model.load_state_dict(torch.load(io.BytesIO(got.content), weights_only=True))
+    _, accuracy = evaluate(model, load_dataset("mnist5k").test)
+    assert accuracy is not None
+    return accuracy

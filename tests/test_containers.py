@@ -9,7 +9,6 @@ is set up and how the stand-in base images enter.
 
 from __future__ import annotations
 
-import io
 import os
 import time
 from collections.abc import Iterator
@@ -28,6 +27,8 @@ from tests.podman import (
     BuiltImage,
     Network,
     Stopped,
+    balanced,
+    held_out_accuracy,
     image_size,
     logs,
     podman,
@@ -168,11 +169,11 @@ def test_a_run_lives_in_containers(network: Network, images: dict[str, BuiltImag
     assert view["state"] == "finished", view
     # The aggregator's last step counts what is left in the stream as unused, just after
     # the run's state says finished.
-    wait_for(lambda: _balanced(_view(api)["counters"]), 30,
+    wait_for(lambda: balanced(_view(api)["counters"]), 30,
              f"published = applied + rejected + unused: {_view(api)['counters']}")
     counters = _view(api)["counters"]
     assert counters["applied"] == view["progress"]["updates"]
-    accuracy = _held_out_accuracy(api)
+    accuracy = held_out_accuracy(api, RUN)
     assert accuracy >= 0.95, accuracy
 
     # In the reverse order of their start, as `compose down` does: Redis last.
@@ -182,12 +183,6 @@ def test_a_run_lives_in_containers(network: Network, images: dict[str, BuiltImag
     record("run_in_containers", {
         "accuracy": accuracy, "counters": counters, "takeover_s": round(takeover_s, 1),
         "stops_s": {s.container: round(s.seconds, 1) for s in scaled_down + stopped}})
-
-
-def _balanced(counters: dict[str, int]) -> bool:
-    """Every gradient published was applied, rejected (any reason) or left unused."""
-    rejected = sum(v for k, v in counters.items() if k.startswith("rejected:"))
-    return counters["published"] == counters["applied"] + rejected + counters.get("unused", 0)
 
 
 def _kind(container: str) -> str:
@@ -200,23 +195,6 @@ def _assert_clean_stops(stops: list[Stopped], containers: list[str]) -> None:
         assert s.seconds < s.grace_s, s
     for name in containers:
         assert "Traceback" not in logs(name), (name, logs(name)[-5000:])
-
-
-def _held_out_accuracy(api: httpx.Client) -> float:
-    """The model downloaded over REST, loaded into the paper's CNN, on mnist5k's held out."""
-    import torch
-
-    from gemq.data import load_dataset
-    from gemq.evaluate import evaluate
-    from gemq.models import PaperCNN
-
-    got = api.get(f"/api/runs/{RUN}/model")
-    assert got.status_code == 200, got.text
-    model = PaperCNN()
-    model.load_state_dict(torch.load(io.BytesIO(got.content), weights_only=True))
-    _, accuracy = evaluate(model, load_dataset("mnist5k").test)
-    assert accuracy is not None
-    return accuracy
 
 
 def _watch_in_the_browser(url: str) -> None:

@@ -9,7 +9,6 @@ down (``down -v``), so it never touches other container tests' labels or network
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -30,6 +29,8 @@ from tests.podman import (
     ROOT,
     TOKEN,
     BuiltImage,
+    balanced,
+    held_out_accuracy,
     logs,
     podman,
     record,
@@ -136,7 +137,7 @@ def test_compose_runs_a_run(images: dict[str, BuiltImage],
         assert ended["state"] == "finished", ended
         # The aggregator's last step counts what is left in the stream as unused, just after
         # the state says finished.
-        wait_for(lambda: _balanced(view()["counters"]), 30,
+        wait_for(lambda: balanced(view()["counters"]), 30,
                  f"published = applied + rejected + unused: {view()['counters']}")
         counters = view()["counters"]
         # Both worker containers took part: each one's hostname begins its worker's id.
@@ -146,7 +147,7 @@ def test_compose_runs_a_run(images: dict[str, BuiltImage],
         assert len(hosts) == 2 and {h for h in hosts
                                     if any(w.startswith(h) for w in taking_part)} == hosts, \
             (hosts, ended["workers"])
-        _load_model(client)
+        held_out_accuracy(client, RUN)
 
         stop_at = time.time()
         compose("stop", timeout=120)
@@ -182,19 +183,3 @@ def test_compose_runs_a_run(images: dict[str, BuiltImage],
         podman("network", "rm", "--force", f"{compose.project}_default", check=False)
 
 
-def _balanced(counters: dict[str, int]) -> bool:
-    """Every gradient published was applied, rejected (any reason) or left unused."""
-    rejected = sum(v for k, v in counters.items() if k.startswith("rejected:"))
-    return counters["published"] == counters["applied"] + rejected + counters.get("unused", 0)
-
-
-def _load_model(client: httpx.Client) -> None:
-    """The trained parameters over REST, loaded into the paper's CNN."""
-    import torch
-
-    from gemq.models import PaperCNN
-
-    got = client.get(f"/api/runs/{RUN}/model")
-    assert got.status_code == 200, got.text
-    model = PaperCNN()
-    model.load_state_dict(torch.load(io.BytesIO(got.content), weights_only=True))

@@ -4,7 +4,6 @@ from a cluster and why), and a run through them to its end, driven over REST."""
 
 from __future__ import annotations
 
-import io
 import ipaddress
 import json
 import time
@@ -22,6 +21,8 @@ from tests.podman import (
     TOKEN,
     BuiltImage,
     Network,
+    balanced,
+    held_out_accuracy,
     logs,
     podman,
     record,
@@ -111,29 +112,8 @@ def _run_to_its_end(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any
     if body.get("shards", 1) == 1:
         # A sharded run's counters combine its shards' (gemq/combine.py: published and
         # applied the smallest, unused the largest), so they balance per shard only.
-        wait_for(lambda: _balanced(view()["counters"]), 30, f"balanced counters: {view()}")
+        wait_for(lambda: balanced(view()["counters"]), 30, f"balanced counters: {view()}")
     return view()
-
-
-def _balanced(counters: dict[str, int]) -> bool:
-    rejected = sum(v for k, v in counters.items() if k.startswith("rejected:"))
-    return counters["published"] == counters["applied"] + rejected + counters.get("unused", 0)
-
-
-def _model_loads(client: httpx.Client, run: str) -> float:
-    import torch
-
-    from gemq.data import load_dataset
-    from gemq.evaluate import evaluate
-    from gemq.models import PaperCNN
-
-    got = client.get(f"/api/runs/{run}/model")
-    assert got.status_code == 200, got.text
-    model = PaperCNN()
-    model.load_state_dict(torch.load(io.BytesIO(got.content), weights_only=True))
-    _, accuracy = evaluate(model, load_dataset("mnist5k").test)
-    assert accuracy is not None
-    return accuracy
 
 
 def _no_tracebacks(played: Played) -> None:
@@ -175,7 +155,7 @@ def test_the_base_manifests_run_a_run_under_kube_play(network: Network, rendered
                                     "dataset": "mnist5k", "epochs": 6})
     assert view["state"] == "finished", view
     assert len(view["workers"]) == 2, view["workers"]
-    accuracy = _model_loads(client, "kube-play")
+    accuracy = held_out_accuracy(client, "kube-play")
     assert accuracy >= 0.9, accuracy
 
     stops = {p.name: played.stop(p) for p in reversed(played.started)}
@@ -225,7 +205,7 @@ def test_the_cluster_overlay_runs_a_sharded_run_under_kube_play(network: Network
     assert [s["updates"] for s in view["shards"]] == [view["progress"]["budget"]] * 3, \
         view["shards"]
     leaders = {s["leader"] for s in view["shards"]}
-    accuracy = _model_loads(client, "kube-cluster")
+    accuracy = held_out_accuracy(client, "kube-cluster")
 
     stops = {p.name: played.stop(p) for p in reversed(played.started) if p is not job}
     for name, stopped in stops.items():
