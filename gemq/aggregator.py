@@ -30,7 +30,7 @@ from gemq.codec import Message
 from gemq.config import RunConfig
 from gemq.connection import TRANSIENT_ERRORS, Backoff, connect
 from gemq.errors import CodecError, FencedError, RunLost, RunNotFound
-from gemq.keys import is_valid_worker_id
+from gemq.ids import is_valid_worker_id
 from gemq.layout import ParamLayout
 from gemq.leadership import BatchRead, CommitPlan, Fields, Leadership, ReadRequest
 from gemq.process import die_with_parent, graceful_shutdown, keep_freed_memory, setup_logging

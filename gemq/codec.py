@@ -34,7 +34,7 @@ import msgpack
 import numpy as np
 
 from gemq.errors import CodecError
-from gemq.keys import is_valid_worker_id
+from gemq.ids import is_valid_worker_id
 
 FORMAT_VERSION = 1
 #: The dtype of the payload's elements, per wire type (bfloat16: raw 16-bit patterns).

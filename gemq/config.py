@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gemq.errors import ConfigError
-from gemq.keys import is_valid_run_id
+from gemq.ids import is_valid_run_id
 
 ALGORITHMS = ("gem", "downpour", "adaptive", "dcasgd")
 PROXIES = ("local", "global")

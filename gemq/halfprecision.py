@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from gemq.kernel import compiled
+from gemq.jit import compiled
 
 _SIGN = np.uint32(0x80000000)
 _ABS = np.uint32(0x7FFFFFFF)

@@ -6,9 +6,7 @@ Numpy needs a temporary array and a full trip through memory for every operation
 reads gradient, snapshot, moment and theta once and writes theta, moment and the scale
 once (the speed-up is measured in docs/performance.md).
 
-numba compiles it on first use (under a second) and caches the machine code next to this
-module, or in the user's cache directory (``NUMBA_CACHE_DIR``) where that is not writable;
-with neither, every process compiles it again.
+numba compiles it on first use and caches the machine code (gemq/jit.py).
 
 The fastmath flags allow reassociation (the energy sums are vectorised, in float64) and
 contraction (fused multiply-add) and assume no NaN or infinity: every gradient is checked
@@ -18,26 +16,15 @@ finite and bounded before it gets here. Division stays exact (no approximate rec
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
-from numba import njit
+
+from gemq.jit import compiled
 
 #: How the per-element scale pi is computed (see ``update``).
 GEM, CONSTANT, DELAY_COMPENSATED = 0, 1, 2
 
 _FASTMATH = {"reassoc", "contract", "nsz", "nnan", "ninf"}
-
-
-def compiled(function: Callable[..., Any], fastmath: set[str] | bool = False) -> Any:
-    """``function`` compiled by numba, its machine code cached where a cache can be written."""
-    jit = functools.partial(njit, fastmath=fastmath, boundscheck=False, nogil=True,
-                            error_model="numpy")
-    try:
-        return jit(function, cache=True)
-    except RuntimeError:  # no writable cache location at all: compile in every process
-        return jit(function, cache=False)
 
 
 @functools.partial(compiled, fastmath=_FASTMATH)

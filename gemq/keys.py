@@ -17,8 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-WORKER_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
+from gemq.ids import is_valid_run_id
 
 #: Index of every run, across runs (not part of any run's slot).
 RUNS_INDEX = "gemq:runs"
@@ -27,14 +26,6 @@ AGGREGATOR_GROUP = "aggregators"
 #: One consumer name shared by every aggregator of a run: only the lease holder reads, and a
 #: new leader inherits the pending entries of the one it replaced.
 AGGREGATOR_CONSUMER = "leader"
-
-
-def is_valid_run_id(run_id: str) -> bool:
-    return bool(RUN_ID_PATTERN.fullmatch(run_id))
-
-
-def is_valid_worker_id(worker_id: str) -> bool:
-    return bool(WORKER_ID_PATTERN.fullmatch(worker_id))
 
 
 def shard_tag(run_id: str, shard: int, attempt: int = 0) -> str:

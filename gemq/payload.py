@@ -19,7 +19,7 @@ import functools
 
 import numpy as np
 
-from gemq.kernel import compiled
+from gemq.jit import compiled
 
 _ABS = np.uint32(0x7FFFFFFF)
 #: float16 bit pattern -> float32 bit pattern, for all 65536 patterns (numpy's conversion).

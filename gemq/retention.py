@@ -27,7 +27,8 @@ import redis
 
 from gemq import scripts
 from gemq.errors import GemqError, RunBusy, RunNotFound
-from gemq.keys import AGGREGATOR_GROUP, RUNS_INDEX, RunKeys, is_valid_run_id, run_key_pattern
+from gemq.ids import is_valid_run_id
+from gemq.keys import AGGREGATOR_GROUP, RUNS_INDEX, RunKeys, run_key_pattern
 from gemq.store import ENDED, RunStore, now_ms
 
 log = logging.getLogger(__name__)
