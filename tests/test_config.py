@@ -12,13 +12,8 @@ from redis.crc import key_slot
 
 from gemq.config import RunConfig
 from gemq.errors import ConfigError, GemqError
-from gemq.keys import (
-    RUNS_INDEX,
-    RunKeys,
-    is_valid_run_id,
-    is_valid_worker_id,
-    shard_tag,
-)
+from gemq.ids import is_valid_run_id, is_valid_worker_id
+from gemq.keys import RUNS_INDEX, RunKeys, shard_tag
 
 DEFAULTS = {
     "run_id": "r1", "algo": "gem", "lr": 0.05, "momentum": 0.9, "kappa": 1.0,
