@@ -26,7 +26,7 @@ COPY services ./services
 # gemq itself, the bundled datasets and the rest of its dependencies (the torch above
 # satisfies pyproject.toml's range, so pip keeps it).
 RUN pip install "./[datasets]" \
- && python -c "import torch, gemq.worker, gemq.services.worker; print('torch', torch.__version__)"
+ && python -c "import torch, gemq.training.worker, gemq.services.worker; print('torch', torch.__version__)"
 
 # ---- runtime: the environment only, as an unprivileged user ----------------------------
 FROM ${PYTHON_IMAGE}

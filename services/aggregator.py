@@ -37,12 +37,12 @@ from rq.serializers import JSONSerializer
 from rq.worker import signal_name
 
 from gemq import logs
-from gemq.aggregator import Aggregator, AggregatorOptions
-from gemq.connection import TRANSIENT_ERRORS, Backoff, connect, redact
+from gemq.aggregation.aggregator import Aggregator, AggregatorOptions
 from gemq.errors import GemqError, RunNotFound
 from gemq.process import die_with_parent
-from gemq.retention import release_if_ended
-from gemq.store import RunState, RunStore, run_ids
+from gemq.state.connection import TRANSIENT_ERRORS, Backoff, connect, redact
+from gemq.state.retention import release_if_ended
+from gemq.state.store import RunState, RunStore, run_ids
 from gemq.telemetry import SILENT_AGGREGATOR, AggregatorObserver
 
 from . import jobs

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from gemq.embedded import EmbeddedRedis
+from gemq.running.embedded import EmbeddedRedis
 
 
 @pytest.fixture

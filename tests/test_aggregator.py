@@ -12,12 +12,12 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gemq import codec
-from gemq.aggregator import Aggregator, AggregatorOptions, Leader
-from gemq.embedded import EmbeddedRedis
+from gemq.aggregation.aggregator import Aggregator, AggregatorOptions, Leader
+from gemq.aggregation.leadership import Leadership, ReadRequest
 from gemq.errors import FencedError
-from gemq.leadership import Leadership, ReadRequest
-from gemq.store import RunState, RunStore
+from gemq.running.embedded import EmbeddedRedis
+from gemq.state.store import RunState, RunStore
+from gemq.wire import codec
 from tests.helpers import SMALL_LAYOUT, GemqProcess, gradient_message, small_run, wait_for
 
 FAST = AggregatorOptions(lease_ms=400, idle_block_ms=50, standby_poll_s=0.05)

@@ -57,7 +57,7 @@ def _graph() -> dict[str, set[str]]:
 
 def test_the_walk_sees_the_whole_package() -> None:
     graph = _graph()
-    assert {"gemq.cli", "gemq.store", "gemq.sim.engine", "gemq.services.api.app",
+    assert {"gemq.cli", "gemq.state.store", "gemq.sim.engine", "gemq.services.api.app",
             "gemq.services.api.routes.runs"} <= set(graph)
     assert "gemq.services.settings" in graph["gemq.services.api.deps"]  # relative imports
     assert "gemq.services.api.app" in graph["gemq.cli"]  # lazy imports

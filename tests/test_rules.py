@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gemq.config import RunConfig
-from gemq.rules import (
+from gemq.aggregation.rules import (
     GEM,
     MEDIAN_SAMPLE,
     AdaptiveStaleness,
@@ -15,6 +14,7 @@ from gemq.rules import (
     make_rule,
     median_sample,
 )
+from gemq.config import RunConfig
 
 
 def f32(values: list[float]) -> np.ndarray:
