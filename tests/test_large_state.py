@@ -35,6 +35,7 @@ from gemq.layout import ParamLayout
 from gemq.running.embedded import EmbeddedRedis
 from gemq.shards import MAX_SHARD_BYTES
 from gemq.state.connection import connect
+from gemq.state.keys import MESSAGE_FIELD
 from gemq.state.store import RunStore
 from gemq.training.shardset import RunShards
 from gemq.wire import codec
@@ -109,7 +110,7 @@ def test_a_150m_parameter_run_in_ten_shards_applies_a_gradient_slice_on_every_sh
         assert lead.acquire()
         entries = lead.read(10).entries
         assert len(entries) == 1
-        plan = leader.process([(entry_id, fields.get(b"m"), _sender(fields))
+        plan = leader.process([(entry_id, fields.get(MESSAGE_FIELD.encode()), _sender(fields))
                                for entry_id, fields in entries if fields is not None])
         assert lead.commit(plan, leader.theta)
         del leader, entries, plan

@@ -47,7 +47,13 @@ from gemq.config import RunConfig
 from gemq.layout import ParamLayout
 from gemq.process import graceful_shutdown
 from gemq.state.connection import connect
-from gemq.state.keys import AGGREGATOR_CONSUMER, AGGREGATOR_GROUP, RunKeys
+from gemq.state.keys import (
+    AGGREGATOR_CONSUMER,
+    AGGREGATOR_GROUP,
+    MESSAGE_FIELD,
+    SENDER_FIELD,
+    RunKeys,
+)
 from gemq.state.store import RunStore
 from gemq.wire import codec
 
@@ -102,7 +108,8 @@ def produce(url: str, run_id: str, layout_id: str, worker_id: str, size: int, dt
         if pending >= max_pending:
             shutdown.wait(0.001)
             continue
-        client.xadd(keys.gradients, {"w": worker_id, "m": messages.at(int(raw_version or 0))})
+        client.xadd(keys.gradients, {SENDER_FIELD: worker_id,
+                                      MESSAGE_FIELD: messages.at(int(raw_version or 0))})
     client.close()
 
 

@@ -45,6 +45,7 @@ from gemq.layout import ParamLayout
 from gemq.process import die_with_parent, graceful_shutdown, keep_freed_memory, setup_logging
 from gemq.shards import ShardPlan
 from gemq.state.connection import TRANSIENT_ERRORS, Backoff, connect
+from gemq.state.keys import MESSAGE_FIELD, SENDER_FIELD
 from gemq.state.retention import release_if_ended
 from gemq.state.store import ENDED, RunState, RunStore, now_ms, text
 from gemq.telemetry import SILENT_AGGREGATOR, AggregatorObserver
@@ -53,6 +54,9 @@ from gemq.wire import codec
 from gemq.wire.codec import Message
 
 log = logging.getLogger(__name__)
+
+#: A gradient stream entry's fields (gemq.state.keys), as a reply names them.
+_SENDER, _MESSAGE = SENDER_FIELD.encode(), MESSAGE_FIELD.encode()
 
 #: Metrics rows carry the per-tensor median pi (the dashboard's heat map) this often.
 PI_TENSORS_EVERY_S = 0.2
@@ -379,7 +383,7 @@ class Aggregator:
         # A new leader may inherit its predecessor's unacknowledged batch: read it first.
         read = self.lead.read(ReadRequest(leader.read_count, pending_after="0"))
         while True:
-            leader.absorb([(entry_id, _field(f, b"m"), _sender(f))
+            leader.absorb([(entry_id, _field(f, _MESSAGE), _sender(f))
                            for entry_id, f in read.entries])
             final, fields = _final_state(leader, read)
             idle = not read.entries  # nothing came while blocked: flush what is open
@@ -458,7 +462,7 @@ def _final_state(leader: Leader, read: BatchRead) -> tuple[RunState | None, dict
 def _check_sender(sender: str | None, worker_id: str, registered: set[str]) -> None:
     """No entry without a valid, registered sender that matches its header is applied."""
     if sender is None:
-        raise CodecError(BAD_SENDER, "the entry has no valid sender (field w)")
+        raise CodecError(BAD_SENDER, f"the entry has no valid sender (field {SENDER_FIELD})")
     if sender != worker_id:
         raise CodecError(BAD_SENDER, f"header worker {worker_id!r} differs from "
                                            f"sender {sender!r}")
@@ -478,7 +482,7 @@ def _field(fields: Fields | None, name: bytes) -> Message | None:
 
 def _sender(fields: Fields | None) -> str | None:
     """The worker id the entry was published under, when it is a valid one."""
-    raw = _field(fields, b"w")
+    raw = _field(fields, _SENDER)
     try:
         sender = text(raw) if raw is not None else None
     except UnicodeDecodeError:

@@ -26,6 +26,11 @@ AGGREGATOR_GROUP = "aggregators"
 #: One consumer name shared by every aggregator of a run: only the lease holder reads, and a
 #: new leader inherits the pending entries of the one it replaced.
 AGGREGATOR_CONSUMER = "leader"
+#: The two fields of a gradient stream entry: the worker id it was published under, and
+#: the message (gemq/wire/codec.py). RunStore.publish writes them; the aggregator reads
+#: them (a reply names them as bytes); nothing else spells them.
+SENDER_FIELD = "w"
+MESSAGE_FIELD = "m"
 
 
 def shard_tag(run_id: str, shard: int, attempt: int = 0) -> str:

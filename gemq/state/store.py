@@ -25,7 +25,14 @@ from gemq.errors import PublishRefused, RunExists, RunNotFound
 from gemq.layout import ParamLayout
 from gemq.shards import ShardPlan
 from gemq.state import placement, scripts
-from gemq.state.keys import AGGREGATOR_GROUP, RUNS_INDEX, RunKeys, shard_tag
+from gemq.state.keys import (
+    AGGREGATOR_GROUP,
+    MESSAGE_FIELD,
+    RUNS_INDEX,
+    SENDER_FIELD,
+    RunKeys,
+    shard_tag,
+)
 from gemq.wire.codec import Message
 
 
@@ -301,7 +308,7 @@ class RunStore:
         k = self.keys
         worker = k.worker(worker_id)
         pipe.execute_command("EVAL", scripts.MARK, 2, k.gradients, worker)
-        pipe.xadd(k.gradients, {"w": worker_id, "m": message})
+        pipe.xadd(k.gradients, {SENDER_FIELD: worker_id, MESSAGE_FIELD: message})
         pipe.execute_command("EVAL", scripts.COUNTED, 4, k.gradients, worker, k.counters,
                              k.workers, worker_id, now_ms())
 
