@@ -25,7 +25,7 @@ import numpy as np
 import redis
 
 from gemq.aggregation.checkpoints import MomentCheckpoints
-from gemq.aggregation.leadership import BatchRead, CommitPlan, Fields, Leadership, ReadRequest
+from gemq.aggregation.leadership import BatchRead, Fields, Leadership, ReadRequest
 from gemq.aggregation.rejections import (
     BAD_SENDER,
     FUTURE_VERSION,
@@ -37,7 +37,7 @@ from gemq.aggregation.rejections import (
 )
 from gemq.aggregation.rules import TENSOR_MEDIAN_SAMPLE, Rule, make_rule, median_sample
 from gemq.aggregation.snapshots import SnapshotHistory, kept_versions
-from gemq.aggregation.window import UNKNOWN_WORKER, CommitWindow
+from gemq.aggregation.window import UNKNOWN_WORKER, CommitPlan, CommitWindow
 from gemq.config import RunConfig
 from gemq.errors import CodecError, FencedError, RunLost, RunNotFound
 from gemq.ids import is_valid_worker_id

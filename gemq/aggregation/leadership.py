@@ -11,7 +11,7 @@ holds entries it has not taken, and reads them before anything new.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -20,6 +20,7 @@ import redis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
+from gemq.aggregation.window import CommitPlan
 from gemq.errors import FencedError, RunNotFound
 from gemq.state import scripts
 from gemq.state.keys import AGGREGATOR_CONSUMER, AGGREGATOR_GROUP
@@ -31,29 +32,6 @@ Fields = dict[bytes, Message]
 #: A staged parameter vector whose commit script never ran (the leader died between its SET
 #: and the script, or was fenced) is deleted by Redis after this long.
 STAGING_TTL_MS = 60_000
-
-
-@dataclass
-class CommitPlan:
-    """Everything one aggregator window writes, in one atomic step."""
-
-    version: int
-    updates: int
-    #: The head's last applied id before this window, and after it.
-    prev_id: str
-    last_id: str
-    ack: list[str]
-    publish: bool = True
-    drop: list[int] = field(default_factory=list)
-    metrics: dict[str, Any] = field(default_factory=dict)
-    counters: dict[str, int] = field(default_factory=dict)
-    #: worker id -> (fields to set, fields to increment)
-    workers: dict[str, tuple[dict[str, Any], dict[str, int]]] = field(default_factory=dict)
-    #: The shard's final state, set in its head with this commit (state, ended_ms, error).
-    final: dict[str, Any] = field(default_factory=dict)
-    #: GEM moments checkpointed with this commit (by worker id), and checkpoints dropped.
-    checkpoint: dict[str, np.ndarray] = field(default_factory=dict)
-    forget: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,14 @@
 """The aggregator's commit window: what the gradients read since the last commit did (their
-updates, counters and workers' changes), all committed in one atomic step."""
+updates, counters and workers' changes), and the CommitPlan it becomes, all committed in
+one atomic step (gemq/aggregation/leadership.py)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from gemq.aggregation.rules import UpdateStats
 from gemq.aggregation.tally import UpdateTally
@@ -14,6 +18,8 @@ from gemq.wire import codec
 #: The pseudo-worker that rejections from unregistered or invalid senders are counted
 #: under (not a valid worker id, so no worker can take its name).
 UNKNOWN_WORKER = "~unknown"
+#: worker id -> (fields to set, fields to increment) in the worker's hash.
+WorkerChanges = dict[str, tuple[dict[str, Any], dict[str, int]]]
 
 
 @dataclass
@@ -23,13 +29,13 @@ class CommitWindow:
 
     tally: UpdateTally = field(default_factory=UpdateTally)
     counters: dict[str, int] = field(default_factory=dict)
-    workers: dict[str, tuple[dict[str, object], dict[str, int]]] = field(default_factory=dict)
+    workers: WorkerChanges = field(default_factory=dict)
 
     @property
     def applied(self) -> int:
         return self.tally.updates
 
-    def _worker(self, worker_id: str) -> tuple[dict[str, object], dict[str, int]]:
+    def _worker(self, worker_id: str) -> tuple[dict[str, Any], dict[str, int]]:
         return self.workers.setdefault(worker_id, ({}, {}))
 
     def count(self, name: str, worker_id: str | None = None) -> None:
@@ -64,3 +70,27 @@ class CommitWindow:
             row["pi_tensors"] = json.dumps([None if p is None else round(p, 5)
                                             for p in pi_tensors])
         return row
+
+
+@dataclass
+class CommitPlan:
+    """Everything one aggregator window writes, in one atomic step: what a CommitWindow did,
+    with where the stream and the versions stand (gemq/aggregation/leadership.py commits
+    it)."""
+
+    version: int
+    updates: int
+    #: The head's last applied id before this window, and after it.
+    prev_id: str
+    last_id: str
+    ack: list[str]
+    publish: bool = True
+    drop: list[int] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
+    workers: WorkerChanges = field(default_factory=dict)
+    #: The shard's final state, set in its head with this commit (state, ended_ms, error).
+    final: dict[str, Any] = field(default_factory=dict)
+    #: GEM moments checkpointed with this commit (by worker id), and checkpoints dropped.
+    checkpoint: dict[str, np.ndarray] = field(default_factory=dict)
+    forget: list[str] = field(default_factory=list)
