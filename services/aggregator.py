@@ -73,7 +73,7 @@ def orphaned_shards(client: redis.Redis) -> list[tuple[str, int]]:
             if store.state() != RunState.RUNNING:
                 continue
             for shard in store.shards():
-                if not client.exists(shard.keys.lease) and shard.head().state is None:
+                if shard.leader() is None and shard.head().state is None:
                     orphans.append((run_id, shard.shard))
     return orphans
 

@@ -1,5 +1,17 @@
-"""The Redis side of a run: every command gemq sends goes through RunStore (and, for the
-lease holder of a shard, through gemq.aggregation.leadership.Leadership).
+"""The Redis side of a run: the commands gemq sends about a run's state go through RunStore
+(and, for the lease holder of a shard, through gemq.aggregation.leadership.Leadership).
+
+A few modules talk to Redis themselves, each for a reason of its own, and no other may:
+
+- gemq.state.retention: a run's whole key set, every shard at once (SCAN for its keys,
+  deletions under WATCH on the head, MEMORY PURGE): the end of a run's life, not its state;
+- gemq.state.placement and gemq.state.connection: the server, not a run (the cluster's slot
+  map at run creation; whether a connection is to a cluster);
+- gemq.training.shardset: sends RunStore's queued commands (``queue_*``) for every shard in
+  one pipeline, the worker's one round trip a step;
+- gemq.running (embedded, cluster, local): the private servers they start (INFO, CLUSTER
+  setup, CONFIG SET of the bulk length);
+- the services (gemq.services): rq's job queue and the health probes' PING.
 
 A RunStore speaks for one shard of a run (gemq/shards.py; a run of one shard has only
 shard 0) and for the run-wide state in shard 0's slot: configuration, layout, status, and
@@ -317,6 +329,10 @@ class RunStore:
         pipe.xlen(self.keys.gradients)
         if self.shard == 0:  # the run's status lives in shard 0's slot
             pipe.hget(self.keys.status, "state")
+
+    def queue_snapshot(self, pipe: Any, version: int) -> None:
+        """Queue ``snapshot``'s read (its reply: the raw parameters, or None once dropped)."""
+        pipe.get(self.keys.params(version))
 
     def view_of(self, replies: list[Any]) -> StepView:
         version, pending, *state = replies

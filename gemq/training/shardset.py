@@ -96,7 +96,7 @@ class RunShards:
     def _read(self, versions: dict[int, int]) -> Snapshots:
         pipe = self._r.pipeline(transaction=False)
         for shard, version in versions.items():
-            pipe.get(self.stores[shard].keys.params(version))
+            self.stores[shard].queue_snapshot(pipe, version)
         found = {}
         for (shard, version), raw in zip(versions.items(), pipe.execute(), strict=True):
             found[shard] = ((version, np.frombuffer(raw, "<f4")) if raw is not None
