@@ -359,8 +359,9 @@ class Aggregator:
 
     @property
     def _idle_block_ms(self) -> int:
-        # Redis wakes blocked clients on a ~100 ms timer, so a block may last 100 ms longer
-        # than asked: keep it well inside the lease, which the next read renews.
+        # Redis wakes blocked clients on its periodic timer (the server's hz), so a block may
+        # last a tick longer than asked: keep it well inside the lease, which the next read
+        # renews.
         return max(1, min(self.options.idle_block_ms, self.options.lease_ms // 4))
 
     def _wait_for_lease(self, shutdown: threading.Event) -> bool:

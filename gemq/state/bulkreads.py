@@ -14,8 +14,9 @@ at least ``LARGE`` bytes is read from the socket directly into a buffer of its e
 (small replies, errors, nesting) is redis-py's own code.
 
 The buffer is a numpy array, not a ``bytearray``: numpy asks the kernel for huge pages for
-large arrays, and a fresh 44 MB ``bytearray`` cost 26-37 ms to allocate and fill against
-5 ms for the array, nearly all of it page faults. A large reply comes back as a read-only
+large arrays, and a fresh ``bytearray`` of tens of megabytes cost several times as much to
+allocate and fill as the array, nearly all of it page faults (measured in
+docs/performance.md: "Large values without extra copies"). A large reply comes back as a read-only
 ``memoryview`` of it: the buffer protocol (``numpy.frombuffer``, msgpack, ``bytes()``),
 comparison with ``bytes``, and the immutability of ``bytes`` (views of it handed to other
 threads cannot be written through); no ``decode()``, and a client with

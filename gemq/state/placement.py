@@ -25,7 +25,7 @@ from gemq.state.keys import RunKeys, shard_tag
 
 #: Candidate tags tried for a shard before it keeps its default one. A master serving a
 #: third of the slots is hit within 3 tries on average; this bound leaves room for a master
-#: that serves a handful of slots, at a few milliseconds of CRC16s.
+#: that serves a handful of slots, at the price of a CRC16 per try, once per run.
 ATTEMPTS = 100_000
 
 

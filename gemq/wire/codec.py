@@ -124,8 +124,8 @@ def encode(*, run_id: str, worker_id: str, param_version: int, samples: int, los
 def frame(header: list[object], payload_bytes: int) -> tuple[np.ndarray, np.ndarray]:
     """A message of ``header`` and a payload of ``payload_bytes``, the payload left to fill:
     (the message, its payload part), as uint8 arrays. numpy, not ``bytes``: a fresh buffer
-    of megabytes is faulted in page by page, and numpy's are backed by huge pages (building
-    an 11 M-parameter float32 message took 20 ms as ``bytes``, 5 ms here)."""
+    of megabytes is faulted in page by page, and numpy's are backed by huge pages (measured
+    in docs/performance.md: "Large values without extra copies")."""
     head = msgpack.packb(header) + _bin_header(payload_bytes)
     message = np.empty(len(head) + payload_bytes, np.uint8)
     message[:len(head)] = np.frombuffer(head, np.uint8)

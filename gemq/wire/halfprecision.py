@@ -2,13 +2,13 @@
 
 A worker that sends 16-bit gradients narrows every gradient it computes. numpy takes
 several full passes for bfloat16 (add the rounding bias, shift, narrow, find NaNs) and
-converts to float16 in software one element at a time: at 11.4 M parameters on the
-development machine (loaded), 57 ms and 374 ms per gradient, where a plain training step
-of that model takes 70-90 ms; these loops take 6 and 22 ms. They read each float32 once
-and write its 16 bits once: float16 bit for bit what numpy's ``astype`` gives for every
-number, bfloat16 the round-to-nearest-even definition (``tests/test_halfprecision.py``
-compares them on millions of bit patterns and every magnitude around float16's
-subnormals).
+converts to float16 in software one element at a time, which for a large model cost about
+as much as the training step itself, or several times as much (measured in
+docs/performance.md: "Converting to bfloat16 used to cost more than it saved"). These
+loops read each float32 once and write its 16 bits once: float16 bit for bit what numpy's
+``astype`` gives for every number, bfloat16 the round-to-nearest-even definition
+(``tests/test_halfprecision.py`` compares them on millions of bit patterns and every
+magnitude around float16's subnormals).
 """
 
 from __future__ import annotations

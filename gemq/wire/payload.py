@@ -3,8 +3,9 @@
 The aggregator decodes every gradient before any of it touches the parameters. numpy took
 several passes for that: for float32, a ``min`` and a ``max`` over the payload, which is a
 view of the message bytes and so, after a header of any length, usually misaligned, which
-numpy reads through a buffered copy (14 ms for 11 M elements where an aligned array takes
-3 ms); for 16-bit payloads, a widening pass first. These loops read each element once
+numpy reads through a buffered copy, several times slower than an aligned array (measured
+in docs/performance.md: "Large values without extra copies"); for 16-bit payloads, a
+widening pass first. These loops read each element once
 (and for 16-bit payloads write its float32 once), whatever the alignment.
 
 The check works on bit patterns, so it is exact and needs no floating-point compare: a
