@@ -182,7 +182,8 @@ def test_last_scale_is_read_only() -> None:
 # --------------------------------------------------------------------------------------------
 
 class Reference:
-    """Straight from GEM.md, in float64."""
+    """Straight from the paper (arXiv:1805.08469, eq. 27; docs/design.md, "The GEM rule"),
+    in float64."""
 
     def __init__(self, algo: str, size: int, *, lr: float, momentum: float, kappa: float,
                  pi_max: float, eps: float) -> None:

@@ -1,10 +1,11 @@
-"""Aggregation rules: numpy and one compiled kernel (gemq.aggregation.kernel), no Redis, no torch.
+"""Aggregation rules: numpy and one compiled kernel (gemq.aggregation.kernel), no Redis or torch.
 
 Every rule turns a worker's raw gradient ``g`` into an update of the central variable
-``theta`` in place. Notation follows GEM.md: ``delta = -lr * g`` is the unscaled update,
-``drift = theta - s`` is how far the central variable moved since the worker read its copy
-``s`` (the caller passes ``s``; the kernel computes the drift in its one pass), and ``tau``
-is the staleness.
+``theta`` in place. Notation follows the GEM paper (J. Hermans, G. Louppe, arXiv:1805.08469,
+eq. 27 and Algorithm 1), as docs/design.md ("The GEM rule") writes it: ``delta = -lr * g``
+is the unscaled update, ``drift = theta - s`` is how far the central variable moved since
+the worker read its copy ``s`` (the caller passes ``s``; the kernel computes the drift in
+its one pass), and ``tau`` is the staleness.
 
 All rules keep each worker's moment ``m_w <- mu * m_w + delta`` so that they all report the
 same energies: ``E_central = 1/2 sum((drift + scale * delta)^2)`` (the kinetic energy of the
