@@ -33,8 +33,13 @@ and the base, here at the top, which every wing may use:
 | ``threads`` | long-running tasks of one process, one shutdown event |
 | ``telemetry`` | what the aggregator and workers report about their own work |
 | ``cliargs`` | the argparse pieces every command shares |
+
+and the top, which nothing of the library imports:
+
+| module | one job |
+|---|---|
+| ``cli``, ``__main__`` | the ``gemq`` command line, which may import anything |
 | ``models`` | the built-in models under their public name (gemq.training.models) |
-| ``cli``, ``__main__`` | the ``gemq`` command line: the top, which may import anything |
 
 Imports point down, never up or sideways: the base imports no wing; wire imports the base;
 state imports wire; aggregation, training and records import state and wire but not one
