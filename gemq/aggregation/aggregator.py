@@ -24,17 +24,10 @@ from typing import overload
 import numpy as np
 import redis
 
+from gemq.aggregation import rejections
 from gemq.aggregation.checkpoints import MomentCheckpoints
 from gemq.aggregation.leadership import BatchRead, Fields, Leadership, ReadRequest
-from gemq.aggregation.rejections import (
-    BAD_SENDER,
-    FUTURE_VERSION,
-    SNAPSHOT_GONE,
-    TOO_STALE,
-    UNKNOWN_SENDER,
-    RejectionLog,
-    StallWatch,
-)
+from gemq.aggregation.rejections import RejectionLog, StallWatch
 from gemq.aggregation.rules import TENSOR_MEDIAN_SAMPLE, Rule, make_rule, median_sample
 from gemq.aggregation.snapshots import SnapshotHistory, kept_versions
 from gemq.aggregation.window import UNKNOWN_WORKER, CommitPlan, CommitWindow
@@ -236,18 +229,17 @@ class Leader:
 
     def _snapshot_for(self, version: int) -> tuple[int, np.ndarray]:
         if version > self.version:
-            raise CodecError(FUTURE_VERSION, f"version {version} was never published "
-                                                   f"(newest is {self.version})")
+            raise CodecError(rejections.FUTURE_VERSION, f"version {version} was never "
+                             f"published (newest is {self.version})")
         staleness = self.updates - version
         if staleness > self.config.max_staleness:
-            raise CodecError(TOO_STALE, f"computed on version {version}, {staleness} "
-                                              "updates ago")
+            raise CodecError(rejections.TOO_STALE,
+                             f"computed on version {version}, {staleness} updates ago")
         snapshot = self.history.get(version)
         if snapshot is None:
-            raise CodecError(SNAPSHOT_GONE, f"computed on version {version}, "
-                                                  f"{staleness} updates ago, whose snapshot "
-                                                  f"is no longer kept (the newest "
-                                                  f"{self.history.limit} are)")
+            raise CodecError(rejections.SNAPSHOT_GONE, f"computed on version {version}, "
+                             f"{staleness} updates ago, whose snapshot is no longer kept "
+                             f"(the newest {self.history.limit} are)")
         return staleness, snapshot
 
     def _reject(self, error: CodecError, worker_id: str, window: CommitWindow) -> None:
@@ -463,13 +455,14 @@ def _final_state(leader: Leader, read: BatchRead) -> tuple[RunState | None, dict
 def _check_sender(sender: str | None, worker_id: str, registered: set[str]) -> None:
     """No entry without a valid, registered sender that matches its header is applied."""
     if sender is None:
-        raise CodecError(BAD_SENDER, f"the entry has no valid sender (field {SENDER_FIELD})")
+        raise CodecError(rejections.BAD_SENDER,
+                         f"the entry has no valid sender (field {SENDER_FIELD})")
     if sender != worker_id:
-        raise CodecError(BAD_SENDER, f"header worker {worker_id!r} differs from "
-                                           f"sender {sender!r}")
+        raise CodecError(rejections.BAD_SENDER,
+                         f"header worker {worker_id!r} differs from sender {sender!r}")
     if sender not in registered:
-        raise CodecError(UNKNOWN_SENDER, f"worker {sender!r} never registered with "
-                                               "the run")
+        raise CodecError(rejections.UNKNOWN_SENDER,
+                         f"worker {sender!r} never registered with the run")
 
 
 def _stream_order(entry_id: str) -> tuple[int, int]:
