@@ -13,5 +13,6 @@
 
 The dependencies point one way: worker -> shardset, flatmodel -> models, evaluate, losses,
 data -> specs; and down to the Redis state (gemq.state), the wire format (gemq.wire) and
-the base. This is where torch is imported; nothing of the aggregation wing is.
+the base. torch is imported here (and by running, and records' TensorBoard writer), never by
+the aggregation, state or wire wings, which the aggregator's image holds without torch.
 """
