@@ -55,11 +55,11 @@ from typing import Any
 import redis
 
 from gemq.config import RunConfig
-from gemq.embedded import EmbeddedRedis
-from gemq.runs import create_run
+from gemq.running.embedded import EmbeddedRedis
+from gemq.running.runs import create_run
 from gemq.services.api.views import ACTIVE_WINDOW_MS, worker_view
 from gemq.services.jobs import enqueue_aggregation
-from gemq.store import RunState, RunStore, now_ms
+from gemq.state.store import RunState, RunStore, now_ms
 
 DEFAULT_SCHEDULE = (2, 8, 3)
 DEFAULT_OUT = Path("docs/elastic.png")

@@ -40,11 +40,11 @@ from benchmarks.paper_plan import (
     Setting,
 )
 from gemq.config import RunConfig
-from gemq.data import DataSplit, load_dataset, minibatches, worker_seed
-from gemq.models import build_model
 from gemq.sim.engine import deterministic_torch, simulate
 from gemq.sim.options import SimOptions
 from gemq.sim.results import SimResult
+from gemq.training.data import DataSplit, load_dataset, minibatches, worker_seed
+from gemq.training.models import build_model
 
 FULL = Plan()
 QUICK = Plan(ns=(2, 4), n_large=8, steps_per_worker=4, seeds=(0, 1), n_lr=3, n_kappa=3,

@@ -38,13 +38,13 @@ from gemq.config import (
     make_config,
     validate_settings,
 )
-from gemq.curves import FORMATS
 from gemq.errors import ConfigError, GemqError, RunExists
 from gemq.process import Terminated, raise_on_termination
+from gemq.records.curves import FORMATS
 from gemq.sim.command import add_simulate_parser, cmd_simulate
 
 if TYPE_CHECKING:
-    from gemq.summary import RunSummary
+    from gemq.records.summary import RunSummary
 
 #: The run settings `gemq run` and `gemq create` take.
 RUN_GROUPS = (TRAINING, BUDGET, COMPUTE, TRANSPORT, LIMITS)
@@ -223,7 +223,7 @@ def _run_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     with raise_on_termination():  # from the first moment: a SIGTERM while torch loads too
-        from gemq.local import train
+        from gemq.running.local import train
 
         summary = train(workers=args.workers, worker_processes=args.worker_processes,
                         redis_url=args.redis_url, out_dir=args.out,
@@ -253,10 +253,10 @@ def _print_summary(s: RunSummary) -> None:
 
 
 def _cmd_create(args: argparse.Namespace) -> int:
-    from gemq.connection import connect
-    from gemq.data import load_dataset
-    from gemq.runs import initial_state
-    from gemq.store import RunStore
+    from gemq.running.runs import initial_state
+    from gemq.state.connection import connect
+    from gemq.state.store import RunStore
+    from gemq.training.data import load_dataset
 
     settings = _run_settings(args)
     validate_settings(settings)
@@ -283,11 +283,11 @@ def _cmd_aggregator(args: argparse.Namespace) -> int:
         serve(load(AggregatorServiceSettings, redis_url=args.redis_url,
                    lease_ms=args.lease_ms))
         return 0
-    from gemq.aggregator import AggregatorOptions, lead_shards
-    from gemq.connection import connect
+    from gemq.aggregation.aggregator import AggregatorOptions, lead_shards
     from gemq.process import graceful_shutdown
-    from gemq.retention import release_if_ended
-    from gemq.store import ENDED, RunStore
+    from gemq.state.connection import connect
+    from gemq.state.retention import release_if_ended
+    from gemq.state.store import ENDED, RunStore
 
     run_id, url = _require_run(args), _require_url(args)
     client = connect(url)
@@ -324,10 +324,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     import torch
 
-    from gemq.connection import connect
     from gemq.process import graceful_shutdown
-    from gemq.store import RunStore
-    from gemq.worker import WorkerOptions, run_workers
+    from gemq.state.connection import connect
+    from gemq.state.store import RunStore
+    from gemq.training.worker import WorkerOptions, run_workers
 
     prefix = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
     ids = [prefix] if args.workers == 1 else [f"{prefix}-{i}" for i in range(args.workers)]
@@ -347,7 +347,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def _run_client(args: argparse.Namespace) -> Iterator[tuple[str, Any]]:
     """The run id the command names and a client of its Redis, closed on the way out."""
-    from gemq.connection import connect
+    from gemq.state.connection import connect
 
     run_id, url = _require_run(args), _require_url(args)
     client = connect(url)
@@ -358,8 +358,8 @@ def _run_client(args: argparse.Namespace) -> Iterator[tuple[str, Any]]:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from gemq.store import RunStore
-    from gemq.summary import run_totals
+    from gemq.records.summary import run_totals
+    from gemq.state.store import RunStore
 
     with _run_client(args) as (run_id, client):
         store = RunStore(client, run_id)
@@ -369,8 +369,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 def _cmd_rm(args: argparse.Namespace) -> int:
     from gemq.errors import RunBusy
-    from gemq.retention import delete_run
     from gemq.services.jobs import forget_job
+    from gemq.state.retention import delete_run
 
     with _run_client(args) as (run_id, client):
         try:
@@ -386,8 +386,8 @@ def _cmd_rm(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from gemq.export import export_to_file, export_to_stdout
-    from gemq.store import RunStore
+    from gemq.records.export import export_to_file, export_to_stdout
+    from gemq.state.store import RunStore
 
     with _run_client(args) as (run_id, client):
         store = RunStore(client, run_id)

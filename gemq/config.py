@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gemq.errors import ConfigError
-from gemq.keys import is_valid_run_id
+from gemq.ids import is_valid_run_id
 
 ALGORITHMS = ("gem", "downpour", "adaptive", "dcasgd")
 PROXIES = ("local", "global")
@@ -133,7 +133,7 @@ class RunConfig:
                                   "rejected", low=0, high=10**6)
     #: Parameter snapshots kept (in Redis and in the aggregator) to compute theta - s are
     #: bounded by bytes, per shard; the staleness a run accepts is what they cover, up to
-    #: max_staleness (gemq/snapshots.py: kept_versions).
+    #: max_staleness (gemq/aggregation/snapshots.py: kept_versions).
     snapshot_budget_mb: int = _setting(64, "megabytes of parameter snapshots kept per "
                                        "shard, in Redis and in its aggregator: gradients "
                                        "older than the snapshots kept are rejected",

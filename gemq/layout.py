@@ -3,8 +3,8 @@
 Parameters come first, then the model's persistent buffers (BatchNorm's running mean,
 variance and batch count, and any other): the flat vector is the run's whole published
 state. The aggregator applies its rule to the parameters and adds the workers' changes to
-the buffers (gemq/rules.py). Buffers of other dtypes travel as float32 and go back to their
-own dtype when loaded (integers exactly up to 2**24).
+the buffers (gemq/aggregation/rules.py). Buffers of other dtypes travel as float32 and go
+back to their own dtype when loaded (integers exactly up to 2**24).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 GEM is element-wise: an element's update depends only on its own gradient, moment, value
 and snapshot, and buffer changes are added element by element. Any partition of the flat
 state therefore gives the same result, shard by shard, as the whole vector at once
-(docs/design.md). Each shard has its own keys in Redis (gemq/keys.py: its own hash tag,
-which on a Redis Cluster gemq/placement.py chooses so the shards spread over the masters),
+(docs/design.md). Each shard has its own keys in Redis (gemq/state/keys.py: its own hash tag,
+which on a Redis Cluster gemq/state/placement.py chooses so the shards spread over the masters),
 its own gradient stream, versions, lease and commits, and its own aggregator.
 
 Cuts fall at tensor boundaries where that keeps the shards within a tenth of equal size,

@@ -1,10 +1,10 @@
 """What the aggregator and the workers report about their own work, and to whom.
 
-The loops in gemq/aggregator.py and gemq/worker.py time their phases and hand the numbers
-to an observer passed in their options. The observers here do nothing: the library needs no
-metrics package, and a loop without an exporter pays two clock reads and a call to an empty
-method per batch or step (docs/performance.md, "Telemetry"). The services subclass them to
-export Prometheus histograms (gemq/services/telemetry.py).
+The loops in gemq/aggregation/aggregator.py and gemq/training/worker.py time their phases
+and hand the numbers to an observer passed in their options. The observers here do nothing:
+the library needs no metrics package, and a loop without an exporter pays two clock reads
+and a call to an empty method per batch or step (docs/performance.md, "Telemetry"). The
+services subclass them to export Prometheus histograms (gemq/services/telemetry.py).
 
 Times are seconds of wall clock (time.perf_counter or time.monotonic differences).
 """

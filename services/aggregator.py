@@ -37,12 +37,12 @@ from rq.serializers import JSONSerializer
 from rq.worker import signal_name
 
 from gemq import logs
-from gemq.aggregator import Aggregator, AggregatorOptions
-from gemq.connection import TRANSIENT_ERRORS, Backoff, connect, redact
+from gemq.aggregation.aggregator import Aggregator, AggregatorOptions
 from gemq.errors import GemqError, RunNotFound
 from gemq.process import die_with_parent
-from gemq.retention import release_if_ended
-from gemq.store import RunState, RunStore, run_ids
+from gemq.state.connection import TRANSIENT_ERRORS, Backoff, connect, redact
+from gemq.state.retention import release_if_ended
+from gemq.state.store import RunState, RunStore, run_ids
 from gemq.telemetry import SILENT_AGGREGATOR, AggregatorObserver
 
 from . import jobs
@@ -73,7 +73,7 @@ def orphaned_shards(client: redis.Redis) -> list[tuple[str, int]]:
             if store.state() != RunState.RUNNING:
                 continue
             for shard in store.shards():
-                if not client.exists(shard.keys.lease) and shard.head().state is None:
+                if shard.leader() is None and shard.head().state is None:
                     orphans.append((run_id, shard.shard))
     return orphans
 

@@ -18,10 +18,10 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from gemq import logs
-from gemq.aggregator import Aggregator, AggregatorOptions
-from gemq.connection import connect
-from gemq.retention import release_if_ended
-from gemq.store import RunState, RunStore
+from gemq.aggregation.aggregator import Aggregator, AggregatorOptions
+from gemq.state.connection import connect
+from gemq.state.retention import release_if_ended
+from gemq.state.store import RunState, RunStore
 from gemq.telemetry import SILENT_AGGREGATOR, AggregatorObserver
 
 log = logging.getLogger(__name__)

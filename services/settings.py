@@ -13,7 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gemq.errors import ConfigError
 from gemq.logs import LEVELS
-from gemq.retention import RetentionPolicy
+from gemq.state.retention import RetentionPolicy
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 PLACEHOLDER_SECRETS = {"changeme", "change-me", "secret", "token", "password", "xxx"}

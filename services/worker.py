@@ -15,12 +15,12 @@ import redis
 import torch
 
 from gemq import logs
-from gemq.connection import TRANSIENT_ERRORS, Backoff, connect, redact
 from gemq.errors import GemqError, RunNotFound
 from gemq.process import graceful_shutdown
-from gemq.store import RunState, RunStore, run_ids
+from gemq.state.connection import TRANSIENT_ERRORS, Backoff, connect, redact
+from gemq.state.store import RunState, RunStore, run_ids
 from gemq.telemetry import SILENT_WORKER, WorkerObserver
-from gemq.worker import WorkerOptions, run_workers
+from gemq.training.worker import WorkerOptions, run_workers
 
 from .probe import start_heartbeat
 from .settings import WorkerServiceSettings, load

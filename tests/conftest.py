@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from gemq.embedded import EmbeddedRedis
+from gemq.running.embedded import EmbeddedRedis
 from tests import podman
 
 

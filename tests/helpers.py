@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import redis
 
-from gemq import codec
-from gemq.aggregator import Aggregator, AggregatorOptions
+from gemq.aggregation.aggregator import Aggregator, AggregatorOptions
 from gemq.config import RunConfig
 from gemq.layout import ParamLayout
-from gemq.store import RunState, RunStore
+from gemq.state.store import RunState, RunStore
+from gemq.wire import codec
 
 SMALL_LAYOUT = ParamLayout.from_shapes([("w", (8, 4)), ("b", (4,))])
 

@@ -218,9 +218,9 @@ def held_out_accuracy(client: Any, run: str) -> float:
     into the paper's CNN, scored on mnist5k's 1,000 held-out samples."""
     import torch
 
-    from gemq.data import load_dataset
-    from gemq.evaluate import evaluate
     from gemq.models import PaperCNN
+    from gemq.training.data import load_dataset
+    from gemq.training.evaluate import evaluate
 
     got = client.get(f"/api/runs/{run}/model")
     assert got.status_code == 200, got.text

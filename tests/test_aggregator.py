@@ -12,14 +12,17 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gemq import codec
-from gemq.aggregator import Aggregator, AggregatorOptions, Leader
-from gemq.embedded import EmbeddedRedis
+from gemq.aggregation.aggregator import Aggregator, AggregatorOptions, Leader
+from gemq.aggregation.leadership import Leadership, ReadRequest
 from gemq.errors import FencedError
-from gemq.leadership import Leadership, ReadRequest
-from gemq.store import RunState, RunStore
+from gemq.running.embedded import EmbeddedRedis
+from gemq.state.keys import MESSAGE_FIELD, SENDER_FIELD
+from gemq.state.store import RunState, RunStore
+from gemq.wire import codec
 from tests.helpers import SMALL_LAYOUT, GemqProcess, gradient_message, small_run, wait_for
 
+#: A stream entry's fields as a reply names them.
+SENDER, MESSAGE = SENDER_FIELD.encode(), MESSAGE_FIELD.encode()
 FAST = AggregatorOptions(lease_ms=400, idle_block_ms=50, standby_poll_s=0.05)
 
 
@@ -69,13 +72,13 @@ def test_rejected_messages_never_touch_parameters(redis_client: redis.Redis) -> 
     store.publish_gradient("w2", gradient_message(store, "w2", good, version=7))
     store.publish_gradient("w2", gradient_message(store, "w1", good))  # forged sender
     store.publish_gradient("w3", gradient_message(store, "w3", np.ones(5, np.float32)))
-    store.client.xadd(store.keys.gradients, {"w": "w3", "m": bytes(gradient_message(
-        store, "w3", good))[:-4] + np.float32(np.inf).tobytes()})  # last value patched: +Inf
+    patched = bytes(gradient_message(store, "w3", good))[:-4] + np.float32(np.inf).tobytes()  # +Inf
+    store.client.xadd(store.keys.gradients, {SENDER_FIELD: "w3", MESSAGE_FIELD: patched})
     before = params(store).copy()
     leader = Leader(store, store.config(), store.layout())
     assert Leadership(store, "t", 1000).acquire()
     raw = Leadership(store, "t", 1000).read(100).entries
-    plan = leader.process([(i, f.get(b"m"), f.get(b"w", b"").decode()) for i, f in raw])
+    plan = leader.process([(i, f.get(MESSAGE), f.get(SENDER, b"").decode()) for i, f in raw])
     Leadership(store, "t", 1000).commit(plan, leader.theta)
     np.testing.assert_array_equal(params(store), before)
     assert store.counters() == {
@@ -92,7 +95,7 @@ def test_rejected_messages_never_touch_parameters(redis_client: redis.Redis) -> 
 def commit_all(leader: Leader, lead: Leadership) -> None:
     """Read every entry of the stream and commit them in one window."""
     raw = lead.read(100).entries
-    plan = leader.process([(i, f.get(b"m"), f.get(b"w", b"").decode()) for i, f in raw])
+    plan = leader.process([(i, f.get(MESSAGE), f.get(SENDER, b"").decode()) for i, f in raw])
     assert lead.commit(plan, leader.theta)
 
 
@@ -143,7 +146,7 @@ def test_a_paused_leader_is_fenced(redis_client: redis.Redis) -> None:
     store.publish_gradient("w1", gradient_message(store, "w1",
                                                   np.ones(SMALL_LAYOUT.size, np.float32)))
     raw = Leadership(store, "old", 200).read(10).entries
-    plan = leader.process([(i, f[b"m"], "w1") for i, f in raw])
+    plan = leader.process([(i, f[MESSAGE], "w1") for i, f in raw])
     wait_for(lambda: not redis_client.exists(store.keys.lease), what="lease expiry")
     assert Leadership(store, "new", 5000).acquire()
     with pytest.raises(FencedError):
@@ -347,12 +350,12 @@ def test_entries_a_deposed_leader_moved_to_pending_are_not_trimmed(
     (_, rows), = later
     assert [i.decode() for i, _ in rows] == ids[2:]
     Leadership(store, "t", 5000).commit(leader.process(
-        [(i.decode(), f[b"m"], f[b"w"].decode()) for i, f in rows]), leader.theta)
+        [(i.decode(), f[MESSAGE], f[SENDER].decode()) for i, f in rows]), leader.theta)
     # E1, E2 kept, and E3 after them; E4, applied last, deleted.
     assert redis_client.xlen(store.keys.gradients) == 3
     again = Leadership(store, "t", 5000).read(ReadRequest(10, "0")).entries
     assert [i for i, _ in again] == ids[:2] and all(f is not None for _, f in again)
-    plan = leader.process([(i, f[b"m"], f[b"w"].decode()) for i, f in again])  # type: ignore[index]
+    plan = leader.process([(i, f[MESSAGE], f[SENDER].decode()) for i, f in again])  # type: ignore[index]
     assert Leadership(store, "t", 5000).commit(plan, leader.theta)
     assert store.head().last_id == ids[-1]  # the newest applied id, not E2
     assert store.counters() == {"published": 4, "applied": 4}

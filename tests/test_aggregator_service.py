@@ -18,11 +18,11 @@ import redis
 import yaml
 
 from gemq.config import RunConfig
-from gemq.embedded import EmbeddedRedis
-from gemq.runs import create_run
+from gemq.running.embedded import EmbeddedRedis
+from gemq.running.runs import create_run
 from gemq.services.aggregator import SHUTDOWN_DEADLINE_S
 from gemq.services.jobs import enqueue_aggregation
-from gemq.store import RunState, RunStore
+from gemq.state.store import RunState, RunStore
 from tests.helpers import GemqProcess, session, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,11 +15,11 @@ import redis
 import torch
 
 from gemq.config import RunConfig
-from gemq.embedded import EmbeddedRedis, free_port
-from gemq.export import export_curves
 from gemq.layout import ParamLayout
-from gemq.models import LogisticRegression
-from gemq.store import RunStore
+from gemq.records.export import export_curves
+from gemq.running.embedded import EmbeddedRedis, free_port
+from gemq.state.store import RunStore
+from gemq.training.models import LogisticRegression
 from tests.helpers import GemqProcess, aggregated_run, gradient_message, wait_for
 
 TOKEN = "a-test-token-of-24-chars"

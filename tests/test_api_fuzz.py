@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gemq.embedded import EmbeddedRedis
+from gemq.running.embedded import EmbeddedRedis
 from tests.test_api import TOKEN, start_api
 
 pytestmark = pytest.mark.slow

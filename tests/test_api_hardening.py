@@ -23,9 +23,9 @@ import redis
 import torch
 
 from gemq.config import RunConfig
-from gemq.connection import redact
-from gemq.embedded import EmbeddedRedis
-from gemq.store import RunStore
+from gemq.running.embedded import EmbeddedRedis
+from gemq.state.connection import redact
+from gemq.state.store import RunStore
 from tests.helpers import SMALL_LAYOUT, small_run, wait_for
 from tests.test_api import TOKEN, Service, start_api
 

@@ -11,9 +11,9 @@ import pytest
 import redis
 
 import gemq
-from gemq.embedded import EmbeddedRedis
+from gemq.running.embedded import EmbeddedRedis
 from gemq.services.api.routes.series import COLUMNS, READ_ROWS, read_rows
-from gemq.store import RunStore
+from gemq.state.store import RunStore
 from tests.helpers import small_run
 from tests.test_api import TOKEN, Service, start_api
 

@@ -1,4 +1,4 @@
-"""gemq.bulkreads: large replies read in place, against a real redis-server; broken replies
+"""gemq.state.bulkreads: large replies read in place, against a real redis-server; broken replies
 against a socket that stops or lies part-way through one."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from redis.backoff import NoBackoff
 from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry
 
-from gemq.bulkreads import LARGE, InPlaceParser
 from gemq.config import RunConfig
-from gemq.connection import connect
-from gemq.embedded import EmbeddedRedis
 from gemq.layout import ParamLayout
-from gemq.store import RunStore
+from gemq.running.embedded import EmbeddedRedis
+from gemq.state.bulkreads import LARGE, InPlaceParser
+from gemq.state.connection import connect
+from gemq.state.store import RunStore
 
 #: redis-py allows its maintenance notifications only with its own parsers.
 NO_MAINTENANCE = MaintNotificationsConfig(enabled=False)

@@ -15,12 +15,12 @@ import pytest
 import redis
 
 from gemq import cli
+from gemq.aggregation.leadership import Leadership
 from gemq.cliargs import apply_env_defaults, env_name
-from gemq.connection import connect, redact
-from gemq.embedded import EmbeddedRedis, free_port
 from gemq.errors import ConfigError, RedisUnavailable
-from gemq.leadership import Leadership
-from gemq.store import RunStore
+from gemq.running.embedded import EmbeddedRedis, free_port
+from gemq.state.connection import connect, redact
+from gemq.state.store import RunStore
 from tests.helpers import small_run
 
 # A ConfigError or GemqError caught by main(): "gemq: error: ..."; a flag argparse refuses

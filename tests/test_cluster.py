@@ -1,5 +1,5 @@
 """gemq on a real Redis Cluster: three redis-server masters started by the test
-(gemq/cluster.py: EmbeddedCluster), sharded runs on it, and their exactness."""
+(gemq/running/cluster.py: EmbeddedCluster), sharded runs on it, and their exactness."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from gemq.cluster import EmbeddedCluster
-from gemq.connection import connect, is_cluster
-from gemq.embedded import EmbeddedRedis
 from gemq.errors import RunBusy
-from gemq.keys import run_key_pattern
-from gemq.local import train
-from gemq.retention import RetentionPolicy, apply_retention, delete_run, holds_training_state
-from gemq.store import RunState, RunStore
+from gemq.running.cluster import EmbeddedCluster
+from gemq.running.embedded import EmbeddedRedis
+from gemq.running.local import train
+from gemq.state.connection import connect, is_cluster
+from gemq.state.keys import run_key_pattern
+from gemq.state.retention import RetentionPolicy, apply_retention, delete_run, holds_training_state
+from gemq.state.store import RunState, RunStore
 from tests.helpers import GemqProcess, small_run, wait_for
 from tests.test_api import start_api
 from tests.test_shards import lockstep

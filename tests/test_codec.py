@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gemq import codec
-from gemq.codec import Expected, GradientMessage, decode, encode
+from gemq.aggregation import rejections
 from gemq.errors import CodecError
+from gemq.wire import codec
+from gemq.wire.codec import Expected, GradientMessage, decode, encode
 
 SIZE = 10
 EXPECTED = Expected(run_id="run-1", layout_id="layout-abc", size=SIZE)
@@ -231,8 +232,13 @@ def test_bytearray_input_gives_read_only_gradient() -> None:
 def test_decoder_reasons_are_the_documented_ones() -> None:
     assert set(codec.REASONS) == {
         "malformed", "too_large", "bad_format", "bad_header", "wrong_run", "wrong_layout",
-        "wrong_dtype", "wrong_length", "non_finite", "out_of_range", "too_stale",
-        "future_version", "bad_sender", "unknown_sender", "snapshot_gone"}
+        "wrong_dtype", "wrong_length", "non_finite", "out_of_range"}
+
+
+def test_the_aggregator_adds_its_own_reasons_beside_the_decoders() -> None:
+    assert set(rejections.REASONS) == {
+        "too_stale", "future_version", "bad_sender", "unknown_sender", "snapshot_gone"}
+    assert not set(rejections.REASONS) & set(codec.REASONS)
 
 
 @pytest.mark.parametrize("message", ["not bytes", None, 12, [1, 2], np.zeros(4, np.uint8)],

@@ -1,4 +1,4 @@
-"""RunConfig validation and the Redis key layout (gemq/config.py, gemq/keys.py)."""
+"""RunConfig validation and the Redis key layout (gemq/config.py, gemq/state/keys.py)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,8 @@ from redis.crc import key_slot
 
 from gemq.config import RunConfig
 from gemq.errors import ConfigError, GemqError
-from gemq.keys import (
-    RUNS_INDEX,
-    RunKeys,
-    is_valid_run_id,
-    is_valid_worker_id,
-    shard_tag,
-)
+from gemq.ids import is_valid_run_id, is_valid_worker_id
+from gemq.state.keys import RUNS_INDEX, RunKeys, shard_tag
 
 DEFAULTS = {
     "run_id": "r1", "algo": "gem", "lr": 0.05, "momentum": 0.9, "kappa": 1.0,
@@ -357,7 +352,7 @@ def make_config_spy(monkeypatch: pytest.MonkeyPatch) -> list[RunConfig]:
     """Every entry point's make_config replaced by a spy that records the RunConfig the real
     one returns, then stops the caller: a path that bypassed make_config records nothing."""
     import gemq.cli
-    import gemq.local
+    import gemq.running.local
     import gemq.services.api.routes.runs as api_runs
     import gemq.sim.command
     from gemq import config as config_module
@@ -368,7 +363,7 @@ def make_config_spy(monkeypatch: pytest.MonkeyPatch) -> list[RunConfig]:
         built.append(config_module.make_config(settings, train_samples=train_samples))
         raise _Walked
 
-    for module in (gemq.cli, gemq.local, api_runs, gemq.sim.command):
+    for module in (gemq.cli, gemq.running.local, api_runs, gemq.sim.command):
         monkeypatch.setattr(module, "make_config", spy)
     return built
 
@@ -424,7 +419,7 @@ def test_gemq_train_takes_every_user_setting_by_name() -> None:
     """gemq.train's signature is real (no **kwargs) and offers every setting the CLI and the
     API offer, each defaulting to None (RunConfig's default) but model and dataset."""
     from gemq.config import USER_SETTINGS
-    from gemq.local import DEFAULT_DATASET, DEFAULT_MODEL, train
+    from gemq.running.local import DEFAULT_DATASET, DEFAULT_MODEL, train
 
     parameters = inspect.signature(train).parameters
     assert not [p for p in parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD]

@@ -97,7 +97,7 @@ def test_the_three_images_build(images: dict[str, BuiltImage]) -> None:
 
 @pytest.fixture
 def api(network: Network, images: dict[str, BuiltImage]) -> Iterator[httpx.Client]:
-    from gemq.embedded import free_port
+    from gemq.running.embedded import free_port
 
     _redis(network)
     port = free_port()

@@ -82,7 +82,7 @@ def rendered(tmp_path: Path, images: dict[str, BuiltImage]) -> Any:
 
 
 def _api_pod(pods: list[kube.Pod]) -> tuple[kube.Pod, httpx.Client]:
-    from gemq.embedded import free_port
+    from gemq.running.embedded import free_port
 
     (api,) = [p for p in pods if p.workload == "gemq-api"]
     port = free_port()
@@ -110,7 +110,7 @@ def _run_to_its_end(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any
     wait_for(lambda: view()["state"] != "running" and view()["state"] != "created", 900,
              f"the end of {run}", every_s=2)
     if body.get("shards", 1) == 1:
-        # A sharded run's counters combine its shards' (gemq/combine.py: published and
+        # A sharded run's counters combine its shards' (gemq/records/combine.py: published and
         # applied the smallest, unused the largest), so they balance per shard only.
         wait_for(lambda: balanced(view()["counters"]), 30, f"balanced counters: {view()}")
     return view()

@@ -1,4 +1,4 @@
-"""A run's curves (gemq/curves.py, gemq/export.py, gemq/recording.py): the row format, and
+"""A run's curves (gemq/records/: curves.py, export.py, recording.py): the row format, and
 the same rows from a local run's metrics.csv, `gemq export` and the metrics stream."""
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from gemq import cli, curves
-from gemq.curves import BASE_COLUMNS, CurveReader, CurveRows, UpdateRate, columns
-from gemq.embedded import EmbeddedRedis
-from gemq.export import export_curves
-from gemq.store import RunStore
+from gemq import cli
+from gemq.records import curves
+from gemq.records.curves import BASE_COLUMNS, CurveReader, CurveRows, UpdateRate, columns
+from gemq.records.export import export_curves
+from gemq.running.embedded import EmbeddedRedis
+from gemq.state.store import RunStore
 from tests.helpers import SMALL_LAYOUT, GemqProcess, aggregated_run, session, wait_for
 
 TENSORS = [t.name for t in SMALL_LAYOUT.params]
@@ -152,7 +153,7 @@ def test_export_help_shows_defaults_and_an_example(capsys: pytest.CaptureFixture
 def test_a_row_for_every_base_column() -> None:
     """The columns are exactly the metrics stream's fields (pi_tensors spread over the
     tensors), plus the id and the dashboard's rate: nothing the dashboard plots is lost."""
-    from gemq.window import CommitWindow
+    from gemq.aggregation.window import CommitWindow
 
     fields = CommitWindow().metrics(0, 0, [1.0])
     assert set(fields) - {"pi_tensors"} | {"stream_id", "updates_per_s"} == set(BASE_COLUMNS)
@@ -264,7 +265,7 @@ def test_gemq_run_writes_the_same_scalars_to_tensorboard(
 def test_the_summary_is_typed_and_its_json_unchanged(
         finished_run: tuple[Path, redis.Redis, EmbeddedRedis]) -> None:
     from gemq.config import RunConfig
-    from gemq.summary import RunSummary
+    from gemq.records.summary import RunSummary
 
     out, _, _ = finished_run
     stored = json.loads((out / "run" / "summary.json").read_text())

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from playwright.sync_api import ConsoleMessage, Dialog, Page, sync_playwright
 
-from gemq.embedded import EmbeddedRedis, free_port
+from gemq.running.embedded import EmbeddedRedis, free_port
 from tests.helpers import GemqProcess, wait_for
 
 CHROMIUM = "/usr/bin/chromium"

@@ -28,8 +28,8 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from gemq.connection import connect
-from gemq.embedded import find_redis_server
+from gemq.running.embedded import find_redis_server
+from gemq.state.connection import connect
 from tests.deploy_helpers import K8S, REAL_SECRETS, Manifests, _render
 from tests.helpers import wait_for
 

@@ -22,7 +22,7 @@ import httpx
 import pytest
 import redis
 
-from gemq.embedded import find_redis_server, free_port
+from gemq.running.embedded import find_redis_server, free_port
 from tests.deploy_helpers import (
     BIN,
     DOCKERFILES,

@@ -19,10 +19,10 @@ import pytest
 import redis
 
 from benchmarks import elastic
-from gemq import codec
 from gemq.config import RunConfig
-from gemq.embedded import EmbeddedRedis
-from gemq.runs import create_run
+from gemq.running.embedded import EmbeddedRedis
+from gemq.running.runs import create_run
+from gemq.wire import codec
 from tests.deploy_helpers import BIN, ROOT, _sigterm, _start
 from tests.helpers import wait_for
 

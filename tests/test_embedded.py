@@ -1,4 +1,4 @@
-"""The private redis-server of local runs and tests (gemq/embedded.py)."""
+"""The private redis-server of local runs and tests (gemq/running/embedded.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from gemq.connection import connect
-from gemq.embedded import EmbeddedRedis, find_redis_server, free_port
 from gemq.errors import GemqError
+from gemq.running.embedded import EmbeddedRedis, find_redis_server, free_port
+from gemq.state.connection import connect
 
 
 def _client(server: EmbeddedRedis) -> redis.Redis:
@@ -219,7 +219,7 @@ def resident_bytes(server: EmbeddedRedis) -> int:
 
 @needs_jemalloc
 def test_memory_purge_hands_kept_pages_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gemq.retention import return_freed_memory
+    from gemq.state.retention import return_freed_memory
 
     monkeypatch.delenv("MALLOC_CONF", raising=False)
     with EmbeddedRedis() as server:

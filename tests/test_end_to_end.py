@@ -14,10 +14,10 @@ import redis
 import torch
 
 from gemq.config import RunConfig
-from gemq.embedded import EmbeddedRedis
-from gemq.models import PaperCNN
-from gemq.runs import create_run
-from gemq.store import RunState, RunStore
+from gemq.running.embedded import EmbeddedRedis
+from gemq.running.runs import create_run
+from gemq.state.store import RunState, RunStore
+from gemq.training.models import PaperCNN
 from tests.helpers import GemqProcess, assert_accounting_closes, sigkill_at, wait_for
 
 pytestmark = pytest.mark.slow
@@ -179,7 +179,7 @@ def test_training_survives_aggregator_sigkills(redis_server: EmbeddedRedis,
 def test_the_residual_cnn_trains_through_gemq_run(tmp_path: Path) -> None:
     """The built-in BatchNorm model, under the paper CNN's budget (10 epochs, 4 workers):
     it reached 0.969-0.975 where the paper CNN reached 0.964-0.970 (docs/performance.md)."""
-    from gemq.models import SmallResNet
+    from gemq.training.models import SmallResNet
 
     out = subprocess.run(
         [sys.executable, "-m", "gemq", "run", "--model", "resnet", "--workers", "4",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gemq import halfprecision
+from gemq.wire import halfprecision
 
 RNG = np.random.default_rng(20261204)
 #: Random bit patterns: every exponent, sign and mantissa, NaNs and infinities included.

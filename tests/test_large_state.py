@@ -28,16 +28,17 @@ import pytest
 import redis
 
 from benchmarks.big_models import MLP_150M, mlp_shapes
-from gemq import codec
-from gemq.aggregator import Leader, _sender
+from gemq.aggregation.aggregator import Leader, _sender
+from gemq.aggregation.leadership import Leadership
 from gemq.config import RunConfig
-from gemq.connection import connect
-from gemq.embedded import EmbeddedRedis
 from gemq.layout import ParamLayout
-from gemq.leadership import Leadership
+from gemq.running.embedded import EmbeddedRedis
 from gemq.shards import MAX_SHARD_BYTES
-from gemq.shardset import RunShards
-from gemq.store import RunStore
+from gemq.state.connection import connect
+from gemq.state.keys import MESSAGE_FIELD
+from gemq.state.store import RunStore
+from gemq.training.shardset import RunShards
+from gemq.wire import codec
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUT = ParamLayout.from_shapes(mlp_shapes(*MLP_150M))
@@ -109,7 +110,7 @@ def test_a_150m_parameter_run_in_ten_shards_applies_a_gradient_slice_on_every_sh
         assert lead.acquire()
         entries = lead.read(10).entries
         assert len(entries) == 1
-        plan = leader.process([(entry_id, fields.get(b"m"), _sender(fields))
+        plan = leader.process([(entry_id, fields.get(MESSAGE_FIELD.encode()), _sender(fields))
                                for entry_id, fields in entries if fields is not None])
         assert lead.commit(plan, leader.theta)
         del leader, entries, plan
@@ -133,7 +134,7 @@ def test_a_150m_parameter_run_in_ten_shards_applies_a_gradient_slice_on_every_sh
     # the read message and the rule's buffers, a shard's bytes each.
     assert peak_rss < 2 * STATE_BYTES + 8 * MAX_SHARD_BYTES
     # What Redis keeps of the run, per shard: two versions (the initial one and the new)
-    # and the worker's momentum, checkpointed by the commit (gemq/checkpoints.py): three
+    # and the worker's momentum, checkpointed by the commit (gemq/aggregation/checkpoints.py): three
     # states, each value rounded up to its allocation (ALLOCATED). The commit deleted the
     # applied slice from the stream.
     kept = 3 * STATE_BYTES * ALLOCATED

@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 import redis
 
-from gemq import codec, scripts
-from gemq.aggregator import Aggregator, AggregatorOptions
+from gemq.aggregation.aggregator import Aggregator, AggregatorOptions
+from gemq.aggregation.leadership import Leadership, ReadRequest
 from gemq.config import RunConfig
-from gemq.keys import AGGREGATOR_CONSUMER, AGGREGATOR_GROUP
 from gemq.layout import ParamLayout
-from gemq.leadership import Leadership, ReadRequest
-from gemq.store import RunState, RunStore
+from gemq.state import scripts
+from gemq.state.keys import AGGREGATOR_CONSUMER, AGGREGATOR_GROUP
+from gemq.state.store import RunState, RunStore
+from gemq.wire import codec
 from tests.helpers import gradient_message, small_run
 
 #: 256 KiB gradients: every other reply is noise beside them.

@@ -14,8 +14,8 @@ from datetime import datetime
 import pytest
 
 from gemq import cli, logs
-from gemq.embedded import EmbeddedRedis
 from gemq.errors import ConfigError
+from gemq.running.embedded import EmbeddedRedis
 from gemq.services.settings import AggregatorServiceSettings, load
 from tests.test_api import start_api
 

@@ -1,4 +1,4 @@
-"""Models, datasets, specs and evaluation (gemq/models.py, data.py, specs.py, evaluate.py)."""
+"""Models, datasets, specs and evaluation (gemq/training/: models, data, specs, evaluate)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
-from gemq import data as data_module
-from gemq.data import (
+from gemq.errors import SpecError
+from gemq.training import data as data_module
+from gemq.training.data import (
     MNIST_MEAN,
     MNIST_STD,
     DataSplit,
@@ -23,11 +24,10 @@ from gemq.data import (
     minibatches,
     worker_seed,
 )
-from gemq.errors import SpecError
-from gemq.evaluate import evaluate, save_state_dict
-from gemq.flatmodel import FlatModel, flat_state, load_flat
-from gemq.models import MLP, LogisticRegression, PaperCNN, build_model, layout_of
-from gemq.specs import is_import_spec, load_factory, spec_of
+from gemq.training.evaluate import evaluate, save_state_dict
+from gemq.training.flatmodel import FlatModel, flat_state, load_flat
+from gemq.training.models import MLP, LogisticRegression, PaperCNN, build_model, layout_of
+from gemq.training.specs import is_import_spec, load_factory, spec_of
 
 
 @pytest.fixture(scope="module")
@@ -418,8 +418,8 @@ def test_is_import_spec() -> None:
 
 
 def test_spec_of() -> None:
-    assert spec_of(build_model) == "gemq.models:build_model"
-    assert spec_of(PaperCNN) == "gemq.models:PaperCNN"
+    assert spec_of(build_model) == "gemq.training.models:build_model"
+    assert spec_of(PaperCNN) == "gemq.training.models:PaperCNN"
     with pytest.raises(SpecError, match="not importable by name"):
         spec_of(lambda: None)
 

@@ -1,11 +1,12 @@
-"""gemq.payload: widening and the bounds check, against numpy's own conversions and compares."""
+"""gemq.wire.payload: widening and the bounds check, against numpy's own conversions and
+compares."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from gemq.payload import checked_float32, largest_float32_bits
+from gemq.wire.payload import checked_float32, largest_float32_bits
 
 LIMIT = 1e12
 ALL_16_BIT = np.arange(1 << 16, dtype=np.uint16)

@@ -1,4 +1,4 @@
-"""Placing a new run's shards on a Redis Cluster's masters (gemq/placement.py), on slot maps
+"""Placing a new run's shards on a Redis Cluster's masters (gemq/state/placement.py), on slot maps
 written out here; tests/test_cluster.py places runs on a real cluster."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from collections import Counter
 import redis
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
-from gemq.keys import RunKeys, shard_tag
-from gemq.placement import placed_tags, spread
+from gemq.state.keys import RunKeys, shard_tag
+from gemq.state.placement import placed_tags, spread
 from tests.helpers import small_run
 
 #: What ``redis-cli --cluster create`` does with three masters: three equal runs of slots.

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import redis
 
-from gemq import combine
-from gemq.progress import ProgressDisplay
-from gemq.store import RunStore
+from gemq.records import combine
+from gemq.records.progress import ProgressDisplay
+from gemq.state.store import RunStore
 from tests.test_shards import lockstep
 
 

@@ -18,20 +18,20 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from gemq.aggregator import Leader
+from gemq.aggregation.aggregator import Leader
+from gemq.aggregation.leadership import Leadership
+from gemq.aggregation.rules import GLOBAL_MOMENT, make_rule
 from gemq.config import RunConfig
-from gemq.data import load_dataset, minibatches
-from gemq.embedded import EmbeddedRedis
 from gemq.errors import SpecError
-from gemq.evaluate import evaluate
-from gemq.flatmodel import FlatModel, flat_state, load_flat, state_dict_of
 from gemq.layout import BUFFER, PARAM, ParamLayout
-from gemq.leadership import Leadership
-from gemq.losses import load_loss
-from gemq.models import build_model, layout_of
-from gemq.rules import GLOBAL_MOMENT, make_rule
-from gemq.runs import create_run
-from gemq.store import RunStore
+from gemq.running.embedded import EmbeddedRedis
+from gemq.running.runs import create_run
+from gemq.state.store import RunStore
+from gemq.training.data import load_dataset, minibatches
+from gemq.training.evaluate import evaluate
+from gemq.training.flatmodel import FlatModel, flat_state, load_flat, state_dict_of
+from gemq.training.losses import load_loss
+from gemq.training.models import build_model, layout_of
 from tests.helpers import GemqProcess, gradient_message, small_run, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]

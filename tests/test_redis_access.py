@@ -10,8 +10,8 @@ import pytest
 import redis
 
 from gemq.config import RunConfig
-from gemq.embedded import EmbeddedRedis
-from gemq.runs import create_run
+from gemq.running.embedded import EmbeddedRedis
+from gemq.running.runs import create_run
 from tests.helpers import GemqProcess
 
 pytestmark = pytest.mark.slow

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import redis
 
-from gemq.embedded import EmbeddedRedis
-from gemq.store import RunState, RunStore
+from gemq.running.embedded import EmbeddedRedis
+from gemq.state.store import RunState, RunStore
 from tests.helpers import (
     SMALL_LAYOUT,
     GemqProcess,
@@ -138,7 +138,7 @@ def test_services_wait_for_redis_at_start() -> None:
 def test_stalled_aggregator_keeps_redis_memory_bounded(redis_server: EmbeddedRedis,
                                                        redis_client: redis.Redis) -> None:
     from gemq.config import RunConfig
-    from gemq.runs import create_run
+    from gemq.running.runs import create_run
 
     store = create_run(redis_client, RunConfig(run_id="stall", model="logreg",
                                                dataset="digits", batch_size=16,
@@ -179,13 +179,13 @@ MAX_PENDING = 8
 def _train(redis_url: str, client: redis.Redis, run_id: str, kills: int) -> float:
     """Train an MLP on digits with 2 workers, SIGKILLing the aggregator ``kills`` times
     (over 1,200 updates, 20 kills are one every ~55 updates). Each new leader starts from
-    the GEM moments last checkpointed into Redis (gemq/checkpoints.py)."""
+    the GEM moments last checkpointed into Redis (gemq/aggregation/checkpoints.py)."""
     from gemq.config import RunConfig
-    from gemq.data import load_dataset
-    from gemq.evaluate import evaluate
-    from gemq.flatmodel import load_flat
-    from gemq.models import build_model
-    from gemq.runs import create_run
+    from gemq.running.runs import create_run
+    from gemq.training.data import load_dataset
+    from gemq.training.evaluate import evaluate
+    from gemq.training.flatmodel import load_flat
+    from gemq.training.models import build_model
 
     budget = 1200
     store = create_run(client, RunConfig(run_id=run_id, model="mlp", dataset="digits",
@@ -246,7 +246,7 @@ def _parent_pid(pid: int) -> int:
 def test_standby_service_takes_over_when_the_job_pod_dies(redis_server: EmbeddedRedis,
                                                           redis_client: redis.Redis) -> None:
     from gemq.config import RunConfig
-    from gemq.runs import create_run
+    from gemq.running.runs import create_run
     from gemq.services.jobs import enqueue_aggregation
 
     url = redis_server.url

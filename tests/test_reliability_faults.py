@@ -16,18 +16,18 @@ import numpy as np
 import pytest
 import redis
 
-from gemq import codec
-from gemq.aggregator import READ_BUDGET_BYTES, Leader
+from gemq.aggregation.aggregator import READ_BUDGET_BYTES, Leader
+from gemq.aggregation.leadership import Leadership
+from gemq.aggregation.rejections import LOGGED_PAIRS, TOO_STALE
+from gemq.aggregation.window import UNKNOWN_WORKER
 from gemq.config import RunConfig
-from gemq.connection import connect
-from gemq.embedded import EmbeddedRedis
 from gemq.errors import PublishRefused
 from gemq.layout import ParamLayout
-from gemq.leadership import Leadership
-from gemq.rejections import LOGGED_PAIRS
-from gemq.runs import create_run
-from gemq.store import RunState, RunStore
-from gemq.window import UNKNOWN_WORKER
+from gemq.running.embedded import EmbeddedRedis
+from gemq.running.runs import create_run
+from gemq.state.connection import connect
+from gemq.state.store import RunState, RunStore
+from gemq.wire import codec
 from tests.helpers import (
     SMALL_LAYOUT,
     GemqProcess,
@@ -122,17 +122,17 @@ def test_a_run_that_rejects_everything_fails_with_its_reason(
 
 
 def test_stalls_are_judged_on_rejections_in_a_row_and_on_time() -> None:
-    from gemq.rejections import StallWatch
+    from gemq.aggregation.rejections import StallWatch
 
     watch = StallWatch(max_in_a_row=3, timeout_s=0.2)
     assert watch.stalled() is None  # nothing arrived: waiting, not stalled
-    watch.rejected(codec.TOO_STALE)
+    watch.rejected(TOO_STALE)
     watch.rejected(codec.NON_FINITE)
     watch.applied()
     watch.rejected(codec.NON_FINITE)
     watch.rejected(codec.NON_FINITE)
     assert watch.stalled() is None
-    watch.rejected(codec.TOO_STALE)
+    watch.rejected(TOO_STALE)
     message = watch.stalled()
     assert message is not None and message.startswith(
         "3 gradients in a row were rejected, 2 of them as non_finite: NaN or infinite")
@@ -214,8 +214,8 @@ def test_entries_without_a_valid_sender_are_rejected(redis_client: redis.Redis,
 
 
 def test_a_sender_field_of_megabytes_is_rejected(redis_server: EmbeddedRedis) -> None:
-    """gemq's own client reads values of a megabyte or more as memoryviews (gemq/bulkreads.py):
-    one in the sender field is refused like any other invalid sender."""
+    """gemq's own client reads values of a megabyte or more as memoryviews
+    (gemq/state/bulkreads.py): one in the sender field is refused like any other invalid sender."""
     client = connect(redis_server.url)
     try:
         client.flushall()
@@ -248,7 +248,7 @@ def _lead(store: RunStore) -> tuple[Leader, np.ndarray]:
     before = leader.theta.copy()
     assert Leadership(store, "t", 5000).acquire()
     entries = Leadership(store, "t", 5000).read(10_000).entries
-    from gemq.aggregator import _field, _sender
+    from gemq.aggregation.aggregator import _field, _sender
 
     plan = leader.process([(i, _field(f, b"m"), _sender(f)) for i, f in entries])
     Leadership(store, "t", 5000).commit(plan, leader.theta)
@@ -267,7 +267,7 @@ def test_junk_from_many_senders_leaves_no_state_and_few_log_lines(
         pipe.xadd(store.keys.gradients, {"w": f"junk-{i}", "m": b"\x93garbage"})
     pipe.execute()
     keys_before = set(redis_client.keys("*"))
-    with caplog.at_level(logging.WARNING, logger="gemq.rejections"):
+    with caplog.at_level(logging.WARNING, logger="gemq.aggregation.rejections"):
         _lead(store)
     assert store.counters() == {"rejected:malformed": 3000}
     created = {k.decode() for k in set(redis_client.keys("*")) - keys_before}
@@ -303,7 +303,7 @@ def test_reads_of_large_gradients_take_fewer_entries(redis_client: redis.Redis) 
 
 def test_a_local_runs_redis_refuses_values_larger_than_the_run_needs(
         redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
-    from gemq.local import _refuse_oversized_values
+    from gemq.running.local import _refuse_oversized_values
 
     store = small_run(redis_client)
     _refuse_oversized_values(redis_client, store, store.config())

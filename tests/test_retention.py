@@ -1,5 +1,5 @@
-"""What an ended run keeps in Redis, deleting runs, and the retention policy (gemq/retention.py),
-against a real redis-server."""
+"""What an ended run keeps in Redis, deleting runs, and the retention policy
+(gemq/state/retention.py), against a real redis-server."""
 
 from __future__ import annotations
 
@@ -12,24 +12,24 @@ import redis
 from rq import SimpleWorker
 from rq.serializers import JSONSerializer
 
-from gemq import codec
-from gemq.aggregator import Aggregator, AggregatorOptions, aggregator_main
+from gemq.aggregation.aggregator import Aggregator, AggregatorOptions, aggregator_main
+from gemq.aggregation.leadership import Leadership
 from gemq.config import RunConfig
-from gemq.embedded import EmbeddedRedis
 from gemq.errors import RunBusy, RunNotFound
-from gemq.keys import AGGREGATOR_GROUP, RUNS_INDEX, run_key_pattern
 from gemq.layout import ParamLayout
-from gemq.leadership import Leadership
-from gemq.retention import (
+from gemq.records.summary import run_totals
+from gemq.running.embedded import EmbeddedRedis
+from gemq.services.jobs import enqueue_aggregation, queue
+from gemq.state.keys import AGGREGATOR_GROUP, RUNS_INDEX, run_key_pattern
+from gemq.state.retention import (
     RetentionPolicy,
     apply_retention,
     delete_run,
     release_if_ended,
     release_training_state,
 )
-from gemq.services.jobs import enqueue_aggregation, queue
-from gemq.store import RunState, RunStore, now_ms
-from gemq.summary import run_totals
+from gemq.state.store import RunState, RunStore, now_ms
+from gemq.wire import codec
 from tests.helpers import GemqProcess, small_run
 
 #: 65,792 floats: 257 KiB per parameter snapshot, enough for memory to be measured.
@@ -313,7 +313,8 @@ def test_an_aggregation_job_of_a_deleted_run_leaves_nothing_behind(
 
 def test_a_local_runs_aggregator_process_frees_the_run_it_ends(
         redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
-    """The aggregator process gemq run (gemq.train) starts: gemq.aggregator.aggregator_main."""
+    """The aggregator process gemq run (gemq.train) starts:
+    gemq.aggregation.aggregator.aggregator_main."""
     store = new_run(redis_client, "local", updates=12)
     process = multiprocessing.get_context("spawn").Process(
         target=aggregator_main, args=(redis_server.url, "local", 2000))

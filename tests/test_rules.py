@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gemq.config import RunConfig
-from gemq.rules import (
+from gemq.aggregation.rules import (
     GEM,
     MEDIAN_SAMPLE,
     AdaptiveStaleness,
@@ -15,6 +14,7 @@ from gemq.rules import (
     make_rule,
     median_sample,
 )
+from gemq.config import RunConfig
 
 
 def f32(values: list[float]) -> np.ndarray:
@@ -182,7 +182,8 @@ def test_last_scale_is_read_only() -> None:
 # --------------------------------------------------------------------------------------------
 
 class Reference:
-    """Straight from GEM.md, in float64."""
+    """Straight from the paper (arXiv:1805.08469, eq. 27; docs/design.md, "The GEM rule"),
+    in float64."""
 
     def __init__(self, algo: str, size: int, *, lr: float, momentum: float, kappa: float,
                  pi_max: float, eps: float) -> None:

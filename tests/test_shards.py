@@ -16,18 +16,19 @@ import numpy as np
 import pytest
 import redis
 
-from gemq import codec, combine
-from gemq.aggregator import Aggregator, Leader, _sender
+from gemq.aggregation.aggregator import Aggregator, Leader, _sender
+from gemq.aggregation.leadership import Leadership
 from gemq.config import RunConfig
-from gemq.data import load_dataset
-from gemq.embedded import EmbeddedRedis
 from gemq.errors import ConfigError
 from gemq.layout import ParamLayout
-from gemq.leadership import Leadership
-from gemq.runs import create_run
+from gemq.records import combine
+from gemq.running.embedded import EmbeddedRedis
+from gemq.running.runs import create_run
 from gemq.shards import MAX_SHARD_BYTES, ShardPlan
-from gemq.store import RunState, RunStore
-from gemq.worker import Worker
+from gemq.state.store import RunState, RunStore
+from gemq.training.data import load_dataset
+from gemq.training.worker import Worker
+from gemq.wire import codec
 from tests.helpers import GemqProcess, wait_for
 
 # --- the plan ---------------------------------------------------------------------------

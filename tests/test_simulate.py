@@ -1,5 +1,5 @@
 """The simulator (gemq/sim/: engine, staleness models, command) and the rules it
-added to gemq/rules.py (DC-ASGD, GEM with a global proxy)."""
+added to gemq/aggregation/rules.py (DC-ASGD, GEM with a global proxy)."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 
 from gemq import cli
+from gemq.aggregation.rules import DCASGD, GEM, GlobalGEM, make_rule
 from gemq.config import RunConfig
-from gemq.data import DataSplit, load_dataset
 from gemq.errors import ConfigError, GemqError
-from gemq.rules import DCASGD, GEM, GlobalGEM, make_rule
 from gemq.sim.command import add_simulate_parser, cmd_simulate
 from gemq.sim.engine import simulate
 from gemq.sim.options import SimOptions
 from gemq.sim.results import SimResult
 from gemq.sim.staleness import Schedule, StalenessModel
+from gemq.training.data import DataSplit, load_dataset
 
 
 @pytest.fixture(scope="module")

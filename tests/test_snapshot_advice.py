@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from gemq.aggregation.snapshots import budget_advice, kept_versions
 from gemq.config import RunConfig
-from gemq.snapshots import budget_advice, kept_versions
 
 MLP_11M = 11_388_010  # benchmarks.big_models:mlp_11m, 43.4 MB
 CNN = 163_790  # the paper CNN, 0.66 MB

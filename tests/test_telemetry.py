@@ -21,13 +21,14 @@ import redis
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from gemq import __version__, combine
-from gemq.aggregator import Aggregator, AggregatorOptions
+from gemq import __version__
+from gemq.aggregation.aggregator import Aggregator, AggregatorOptions
 from gemq.config import RunConfig
-from gemq.embedded import EmbeddedRedis, free_port
-from gemq.runs import create_run
+from gemq.records import combine
+from gemq.running.embedded import EmbeddedRedis, free_port
+from gemq.running.runs import create_run
 from gemq.services.jobs import enqueue_aggregation
-from gemq.store import RunState, RunStore
+from gemq.state.store import RunState, RunStore
 from tests.helpers import SMALL_LAYOUT, GemqProcess, gradient_message, small_run, wait_for
 from tests.test_api import start_api
 
@@ -143,7 +144,7 @@ other_build_info{version="1"} 2.0
 
 def test_the_library_loops_import_no_metrics_package() -> None:
     """Timing hooks cost the library nothing to import: the exporters live in the services."""
-    code = ("import sys, gemq.aggregator, gemq.worker, gemq.local\n"
+    code = ("import sys, gemq.aggregation.aggregator, gemq.training.worker, gemq.running.local\n"
             "assert 'prometheus_client' not in sys.modules\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 

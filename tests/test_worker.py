@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import redis
 
-from gemq import codec
-from gemq.aggregator import Aggregator, AggregatorOptions, Leader, lead_shards
+from gemq.aggregation.aggregator import Aggregator, AggregatorOptions, Leader, lead_shards
 from gemq.config import RunConfig
 from gemq.errors import GemqError
-from gemq.runs import create_run
-from gemq.store import RunState, RunStore
-from gemq.worker import WorkerOptions, run_workers
+from gemq.running.runs import create_run
+from gemq.state.store import RunState, RunStore
+from gemq.training.worker import WorkerOptions, run_workers
+from gemq.wire import codec
 from tests.helpers import wait_for
 
 TINY = {"model": "logreg", "dataset": "digits", "batch_size": 16}
@@ -134,7 +134,7 @@ def test_silent_worker_loses_its_gem_state(redis_client: redis.Redis) -> None:
 
 def test_the_aggregator_imports_without_torch() -> None:
     code = ("import sys; sys.modules['torch'] = None\n"
-            "import gemq.aggregator, gemq.cli\n"
+            "import gemq.aggregation.aggregator, gemq.cli\n"
             "assert 'torch' not in {m for m in sys.modules if sys.modules[m] is not None}\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
@@ -142,7 +142,7 @@ def test_the_aggregator_imports_without_torch() -> None:
 def test_worker_processes_do_not_import_the_aggregator_kernel() -> None:
     # A local worker process is spawned: it imports the `gemq` script again, so gemq.cli.
     # numba there would cost every worker process its import time and memory for nothing.
-    code = ("import sys, gemq.cli, gemq.worker\n"
+    code = ("import sys, gemq.cli, gemq.training.worker\n"
             "assert 'numba' not in sys.modules, 'numba was imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
@@ -168,9 +168,9 @@ def test_workers_of_one_process_read_each_version_once_between_them(
         redis_client: redis.Redis, shared: bool) -> None:
     """Three workers, three published versions: with the process's reads shared, Redis
     serves three GETs of the parameters, not nine, and every model holds each version."""
-    from gemq.data import load_dataset
-    from gemq.shardset import SharedReads
-    from gemq.worker import Worker
+    from gemq.training.data import load_dataset
+    from gemq.training.shardset import SharedReads
+    from gemq.training.worker import Worker
 
     store = tiny_run(redis_client, f"shared-{shared}", shards=2)
     data = load_dataset("digits")

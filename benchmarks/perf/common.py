@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 import redis
 
-from gemq.embedded import EmbeddedRedis
+from gemq.running.embedded import EmbeddedRedis
 
 SPAWN = mp.get_context("spawn")  # children start clean: no inherited torch threads or locks
 MB = 1024 * 1024

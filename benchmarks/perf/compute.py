@@ -23,7 +23,7 @@ from typing import Any
 from benchmarks.perf.common import SPAWN, Budget, private_redis, rate_over, ratio
 from benchmarks.perf.system import counter, finish, launch
 from gemq.config import RunConfig
-from gemq.local import LOCAL_WORKER_NICENESS
+from gemq.running.local import LOCAL_WORKER_NICENESS
 
 NAME = "compute"
 BATCH = 64
@@ -39,9 +39,9 @@ def plain_loop(seconds: float, batch: int, threads: int, out: Any, model_spec: s
     ``loss_spec``: as a run's model and loss settings)."""
     import torch
 
-    from gemq.data import load_dataset, minibatches
-    from gemq.losses import load_loss
-    from gemq.models import build_model
+    from gemq.training.data import load_dataset, minibatches
+    from gemq.training.losses import load_loss
+    from gemq.training.models import build_model
 
     torch.set_num_threads(threads)
     os.nice(LOCAL_WORKER_NICENESS)  # the workers' priority: both compete alike for the cores

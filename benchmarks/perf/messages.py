@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gemq import codec
+from gemq.wire import codec
 
 SAMPLES, LOSS = 64, 0.5
 

@@ -1,7 +1,7 @@
 """What real-model features cost: mixed precision on the worker step, and the aggregator's
 checkpoints of the GEM moments.
 
-- ``amp``: the worker step (gemq.flatmodel.FlatModel.gradient: forward, backward, flat
+- ``amp``: the worker step (gemq.training.flatmodel.FlatModel.gradient: forward, backward, flat
   gradient) of the paper CNN and of the residual CNN, batch 64, one torch thread, in float32
   and under bfloat16 autocast, in alternating rounds; the ratio is float32 time over
   bfloat16 time (above 1: autocast is faster).
@@ -30,9 +30,9 @@ def step_seconds(model_name: str, amp: str, steps: int) -> float:
     """Seconds per worker step of ``model_name`` with ``amp``, after a warm-up."""
     import torch
 
-    from gemq.data import load_dataset, minibatches
-    from gemq.flatmodel import FlatModel
-    from gemq.models import build_model
+    from gemq.training.data import load_dataset, minibatches
+    from gemq.training.flatmodel import FlatModel
+    from gemq.training.models import build_model
 
     torch.set_num_threads(1)
     data = load_dataset("mnist5k")

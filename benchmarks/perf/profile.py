@@ -22,9 +22,9 @@ from pyinstrument import Profiler
 from benchmarks.perf import transport
 from benchmarks.perf.common import private_redis, start, stop, wait_for
 from benchmarks.perf.system import worker_groups
-from gemq.aggregator import Aggregator, aggregator_main
+from gemq.aggregation.aggregator import Aggregator, aggregator_main
 from gemq.config import RunConfig
-from gemq.store import RunStore
+from gemq.state.store import RunStore
 
 
 def profile_aggregator(size_name: str, seconds: float, dtype: str) -> Profiler:
@@ -49,9 +49,9 @@ def profile_aggregator(size_name: str, seconds: float, dtype: str) -> Profiler:
 
 
 def profile_worker(workers: int, seconds: float) -> Profiler:
-    from gemq.data import load_dataset
-    from gemq.runs import create_run
-    from gemq.worker import Worker, worker_main
+    from gemq.running.runs import create_run
+    from gemq.training.data import load_dataset
+    from gemq.training.worker import Worker, worker_main
 
     run_id = "profile-worker"
     with private_redis() as (server, client):

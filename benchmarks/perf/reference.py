@@ -53,7 +53,7 @@ def _init(config: PSConfig, rank: int) -> Any:
 def _model(seed: int) -> Any:
     import torch
 
-    from gemq.models import PaperCNN
+    from gemq.training.models import PaperCNN
 
     torch.manual_seed(seed)  # the same initial parameters as a gemq run with this seed
     return PaperCNN()
@@ -98,7 +98,7 @@ def worker(config: PSConfig, rank: int) -> None:
     """Pull, compute a gradient, pull again, scale it by GEM's pi, commit; until told to stop."""
     import torch
 
-    from gemq.data import load_dataset, minibatches, worker_seed
+    from gemq.training.data import load_dataset, minibatches, worker_seed
 
     data = load_dataset("mnist5k")
     dist = _init(config, rank)
@@ -137,7 +137,7 @@ def run_reference(workers: int, batch_size: int, budget_updates: int,
                   workdir: Path) -> dict[str, Any]:
     """Run the parameter server and its workers; (t, version, params) snapshots and rates."""
     from benchmarks.perf.common import start, stop
-    from gemq.embedded import free_port
+    from gemq.running.embedded import free_port
 
     config = PSConfig(workers, batch_size, budget_updates, free_port())
     out = workdir / f"ps-n{workers}.npz"

@@ -17,9 +17,9 @@ from typing import Any
 
 from benchmarks.perf.common import MB, Budget, Peaks, private_redis, ratio
 from benchmarks.perf.system import counter, finish, launch
+from gemq.aggregation.snapshots import kept_versions
 from gemq.config import RunConfig
-from gemq.snapshots import kept_versions
-from gemq.store import METRICS_MAXLEN
+from gemq.state.store import METRICS_MAXLEN
 
 NAME = "scale"
 PARAMS = 163_790  # the paper CNN

@@ -1,16 +1,16 @@
 """One measurement of a sharded run's transport: S real aggregators, synthetic gradients.
 
 The run is real (``RunStore.create`` with ``shards=S``, GEM on) and so are its S aggregator
-processes (``gemq.aggregator.aggregator_main``, one per shard, as ``gemq run --shards S``
-starts them). Producer processes stand in for workers: through a worker's own transport
-(``gemq.shardset.RunShards``: every shard's version and stream length in one round trip,
-one slice of the gradient to each shard's stream) they publish a fixed gradient as fast
-as backpressure lets them, computed on whatever version each shard's head names. No
-model, no parameter reads: what is measured is what the shards' Redis servers and
-aggregators can move.
+processes (``gemq.aggregation.aggregator.aggregator_main``, one per shard, as
+``gemq run --shards S`` starts them). Producer processes stand in for workers: through a
+worker's own transport (``gemq.training.shardset.RunShards``: every shard's version and
+stream length in one round trip, one slice of the gradient to each shard's stream) they
+publish a fixed gradient as fast as backpressure lets them, computed on whatever version
+each shard's head names. No model, no parameter reads: what is measured is what the
+shards' Redis servers and aggregators can move.
 
 The servers are one plain redis-server (``masters=0``) or a Redis Cluster of ``masters``
-redis-server processes (``gemq.cluster.EmbeddedCluster``); the run's id is chosen so its
+redis-server processes (``gemq.running.cluster.EmbeddedCluster``); the run's id is chosen so its
 shards' hash tags spread evenly over the masters.
 
 Besides the rate, each process's CPU seconds per update (``psutil``, user + system) and
@@ -37,16 +37,16 @@ from redis.crc import key_slot
 
 from benchmarks.perf.common import MB, start, stop, wait_for
 from benchmarks.perf.messages import Messages
-from gemq.aggregator import aggregator_main
-from gemq.cluster import SLOTS, EmbeddedCluster
+from gemq.aggregation.aggregator import aggregator_main
 from gemq.config import RunConfig
-from gemq.connection import connect
-from gemq.embedded import EmbeddedRedis
-from gemq.keys import RunKeys
 from gemq.layout import ParamLayout
 from gemq.process import graceful_shutdown
-from gemq.shardset import RunShards
-from gemq.store import RunStore
+from gemq.running.cluster import SLOTS, EmbeddedCluster
+from gemq.running.embedded import EmbeddedRedis
+from gemq.state.connection import connect
+from gemq.state.keys import RunKeys
+from gemq.state.store import RunStore
+from gemq.training.shardset import RunShards
 
 #: Bytes of gradients allowed in flight over all shards' streams (as in transport.py):
 #: bounds max_pending, and so Redis' memory, for the large models.
@@ -110,7 +110,7 @@ def servers(masters: int,
             release_pages: bool = False) -> Iterator[tuple[str, list[EmbeddedRedis]]]:
     """(URL, server processes): one plain Redis for ``masters=0``, else a Redis Cluster;
     with ``release_pages``, their allocator hands what it frees back to the kernel at once
-    (RELEASE_PAGES) instead of keeping it (gemq.embedded.KEEP_FREED_PAGES)."""
+    (RELEASE_PAGES) instead of keeping it (gemq.running.embedded.KEEP_FREED_PAGES)."""
     with contextlib.ExitStack() as stack:
         with _environment(MALLOC_CONF=RELEASE_PAGES if release_pages else None):
             if masters == 0:

@@ -10,7 +10,7 @@ at full speed (benchmarks/perf/sharded.py):
 - ``s1_release_pages``, ``s2_two_redis_release_pages``: s1 and s2_two_redis with Redis'
   allocator handing the memory it frees back to the kernel at once (jemalloc's defaults,
   sharded.RELEASE_PAGES), as gemq's private Redis did before it kept freed pages
-  (gemq.embedded.KEEP_FREED_PAGES): then Redis spends most
+  (gemq.running.embedded.KEEP_FREED_PAGES): then Redis spends most
   of its CPU in the kernel, faulting in fresh pages for every multi-megabyte value.
 
 Each is measured twice, interleaved (A B C D E A B C D E): a ratio uses the mean of both,

@@ -20,12 +20,12 @@ import numpy as np
 import redis
 
 from benchmarks.perf.common import start, stop, wait_for
-from gemq.aggregator import aggregator_main
+from gemq.aggregation.aggregator import aggregator_main
 from gemq.config import RunConfig
-from gemq.local import LOCAL_WORKER_NICENESS
-from gemq.runs import create_run
-from gemq.store import ENDED, RunState, RunStore
-from gemq.worker import worker_main
+from gemq.running.local import LOCAL_WORKER_NICENESS
+from gemq.running.runs import create_run
+from gemq.state.store import ENDED, RunState, RunStore
+from gemq.training.worker import worker_main
 
 
 @dataclass
@@ -44,7 +44,7 @@ class System:
 
 
 def worker_groups(run_id: str, workers: int, processes: int = 0) -> list[list[str]]:
-    """Logical worker ids dealt round-robin, as gemq.local does."""
+    """Logical worker ids dealt round-robin, as gemq.running.local does."""
     ids = [f"{run_id}-w{i}" for i in range(workers)]
     processes = processes or min(workers, max(4, os.cpu_count() or 1))
     return [ids[i::processes] for i in range(min(processes, len(ids)))]

@@ -38,9 +38,9 @@ def sgd_process(batch: int, epochs: float, threads: int, out: str) -> None:
     """Single-process momentum SGD, the same initial parameters as a gemq run (seed 0)."""
     import torch
 
-    from gemq.data import load_dataset, minibatches, worker_seed
-    from gemq.flatmodel import flat_state
-    from gemq.models import build_model
+    from gemq.training.data import load_dataset, minibatches, worker_seed
+    from gemq.training.flatmodel import flat_state
+    from gemq.training.models import build_model
 
     if threads:  # 0: torch's default, every core
         torch.set_num_threads(threads)
@@ -99,16 +99,16 @@ class Judge:
     """Evaluates snapshots with one model and the held-out split, the same for everyone."""
 
     def __init__(self, target_accuracy: float) -> None:
-        from gemq.data import load_dataset
-        from gemq.models import build_model
+        from gemq.training.data import load_dataset
+        from gemq.training.models import build_model
 
         self.target = target_accuracy
         self.data = load_dataset("mnist5k")
         self.model = build_model("cnn", self.data.in_features, self.data.num_classes)
 
     def accuracy(self, params: np.ndarray) -> float:
-        from gemq.evaluate import evaluate
-        from gemq.flatmodel import load_flat
+        from gemq.training.evaluate import evaluate
+        from gemq.training.flatmodel import load_flat
 
         load_flat(self.model, params)
         return evaluate(self.model, self.data.test)[1]

@@ -30,10 +30,10 @@ def step_seconds(model: str, dataset: str, batch: int, steps: int) -> tuple[floa
     """Seconds per worker step (gradient and encoding) after a warm-up, and message bytes."""
     import torch
 
-    from gemq import codec
-    from gemq.data import load_dataset, minibatches
-    from gemq.flatmodel import FlatModel
-    from gemq.models import build_model, layout_of
+    from gemq.training.data import load_dataset, minibatches
+    from gemq.training.flatmodel import FlatModel
+    from gemq.training.models import build_model, layout_of
+    from gemq.wire import codec
 
     torch.set_num_threads(1)
     data = load_dataset(dataset)
@@ -56,7 +56,7 @@ def step_seconds(model: str, dataset: str, batch: int, steps: int) -> tuple[floa
 
 
 def worker_hook_seconds(observer: Any, message_bytes: int, rounds: int) -> float:
-    """Seconds per step that gemq/worker.py's hook adds, statement for statement."""
+    """Seconds per step that gemq/training/worker.py's hook adds, statement for statement."""
     clock = time.perf_counter
     begun = clock()
     for _ in range(rounds):
@@ -68,7 +68,7 @@ def worker_hook_seconds(observer: Any, message_bytes: int, rounds: int) -> float
 
 
 def aggregator_hook_seconds(rounds: int, out: Any) -> None:
-    """In a fresh process: seconds per batch of gemq/aggregator.py's hook, with the
+    """In a fresh process: seconds per batch of gemq/aggregation/aggregator.py's hook, with the
     aggregator service's observer in multiprocess mode."""
     with tempfile.TemporaryDirectory() as directory:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory  # before prometheus_client loads
@@ -87,8 +87,8 @@ def apply_seconds(size: int, rounds: int) -> float:
     """Seconds per GEM update of ``size`` parameters (one gradient, one worker)."""
     import numpy as np
 
+    from gemq.aggregation.rules import make_rule
     from gemq.config import RunConfig
-    from gemq.rules import make_rule
 
     rule = make_rule(RunConfig(run_id="bench"), size)
     rng = np.random.default_rng(0)

@@ -7,10 +7,10 @@ version like a worker does). Only the consumer changes:
 - ``ceiling``: a bare consumer. XREADGROUP until it holds a full batch (``read_batch``
   entries), then in one MULTI: SET the parameter bytes, HSET the head version, XACK,
   XTRIM. No validation, no rule: the bytes the aggregator must move, moved as cheaply as
-  redis-py allows, through a client configured like gemq's own (``gemq.connection``: large
+  redis-py allows, through a client configured like gemq's own (``gemq.state.connection``: large
   values sent uncopied, 1 MiB socket reads); the producers use it too, like workers.
-- ``gem``: the real aggregator process (gemq.aggregator) on a real run, GEM on, publishing
-  once per ``read_batch`` updates (``publish_every``).
+- ``gem``: the real aggregator process (gemq.aggregation.aggregator) on a real run, GEM on,
+  publishing once per ``read_batch`` updates (``publish_every``).
 
 Both therefore move the same bytes per update: one XADD and one XREADGROUP of the gradient,
 and 1 / read_batch of a parameter SET. (A consumer that published after every read would
@@ -43,13 +43,19 @@ from benchmarks.perf.common import (
     wait_for,
 )
 from benchmarks.perf.messages import Messages
-from gemq import codec
 from gemq.config import RunConfig
-from gemq.connection import connect
-from gemq.keys import AGGREGATOR_CONSUMER, AGGREGATOR_GROUP, RunKeys
 from gemq.layout import ParamLayout
 from gemq.process import graceful_shutdown
-from gemq.store import RunStore
+from gemq.state.connection import connect
+from gemq.state.keys import (
+    AGGREGATOR_CONSUMER,
+    AGGREGATOR_GROUP,
+    MESSAGE_FIELD,
+    SENDER_FIELD,
+    RunKeys,
+)
+from gemq.state.store import RunStore
+from gemq.wire import codec
 
 NAME = "transport"
 #: float32 parameters per model: the paper CNN, then 1 M and 11 M (a ResNet-18's order).
@@ -80,7 +86,7 @@ class Sizing:
 def layout_for(name: str, size: int) -> ParamLayout:
     """The paper CNN's real layout; for the synthetic sizes, ten equal tensors."""
     if name == "cnn":
-        from gemq.models import PaperCNN, layout_of
+        from gemq.training.models import PaperCNN, layout_of
 
         return layout_of(PaperCNN())
     return ParamLayout.from_shapes([(f"layer{i}", (size // 10,)) for i in range(10)])
@@ -102,7 +108,8 @@ def produce(url: str, run_id: str, layout_id: str, worker_id: str, size: int, dt
         if pending >= max_pending:
             shutdown.wait(0.001)
             continue
-        client.xadd(keys.gradients, {"w": worker_id, "m": messages.at(int(raw_version or 0))})
+        client.xadd(keys.gradients, {SENDER_FIELD: worker_id,
+                                      MESSAGE_FIELD: messages.at(int(raw_version or 0))})
     client.close()
 
 
@@ -134,7 +141,7 @@ def bare_consume(url: str, run_id: str, size: int, read_batch: int) -> None:
 
 def _prepare(client: redis.Redis, run_id: str, name: str, sizing: Sizing, dtype: str,
              real_run: bool) -> ParamLayout:
-    from gemq.store import RunStore
+    from gemq.state.store import RunStore
 
     layout = layout_for(name, sizing.size)
     if real_run:
@@ -182,7 +189,7 @@ def measure(url: str, client: redis.Redis, name: str, variant: str,
 
 def _consumer(url: str, run_id: str, variant: str, sizing: Sizing) -> Any:
     if variant.startswith("gem"):
-        from gemq.aggregator import aggregator_main
+        from gemq.aggregation.aggregator import aggregator_main
 
         return start(aggregator_main, url, run_id, 5000, name="aggregator")
     return start(bare_consume, url, run_id, sizing.size, sizing.read_batch,
@@ -191,7 +198,7 @@ def _consumer(url: str, run_id: str, variant: str, sizing: Sizing) -> Any:
 
 def _stop_consumer(client: redis.Redis, run_id: str, real_run: bool, consumer: Any) -> None:
     if real_run:
-        from gemq.store import RunStore
+        from gemq.state.store import RunStore
 
         RunStore(client, run_id).request_stop()
         consumer.join(30)

@@ -5,8 +5,8 @@
 | ``command`` | ``gemq simulate``: its flags and what it prints (light: no torch) |
 | ``options`` | ``SimOptions``: how a simulation runs, beyond the RunConfig it simulates |
 | ``staleness`` | the staleness models: in which order the workers' gradients land |
-| ``engine`` | ``simulate()``: the workers' steps (gemq.flatmodel) and the aggregator's rules
-  (gemq.rules), event by event |
+| ``engine`` | ``simulate()``: the workers' steps (gemq.training.flatmodel) and the
+  aggregator's rules (gemq.aggregation.rules), event by event |
 | ``results`` | ``SimResult``: the curves and the summary, written as JSON or CSV |
 
 The dependencies point one way: command -> engine -> results -> options -> staleness.

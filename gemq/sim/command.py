@@ -65,9 +65,9 @@ def add_simulate_parser(commands: Any) -> argparse.ArgumentParser:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Run one simulation; print its summary; write the curves to ``--out``."""
-    from gemq.data import load_dataset
     from gemq.sim.engine import simulate
     from gemq.sim.results import check_output_path, write_result
+    from gemq.training.data import load_dataset
 
     if args.out is not None:
         check_output_path(args.out)  # before the work, not after it

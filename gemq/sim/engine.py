@@ -3,7 +3,7 @@
 The data path is the one of ``gemq run``, event by event. A worker reads theta (version v =
 updates applied so far), computes its gradient on the next minibatch of its own stream
 (``minibatches`` seeded with ``worker_seed(seed, "<run>-w<i>")``, and the very step of a real
-worker, gemq.flatmodel.FlatModel), and its
+worker, gemq.training.flatmodel.FlatModel), and its
 gradient lands when the staleness model (gemq/sim/staleness.py) says so, after the updates that
 landed in between; the aggregator's rule object (``make_rule``, the same code the aggregator
 calls) then sees ``drift = theta_now - s`` and ``staleness = updates - v``, exactly as
@@ -33,19 +33,19 @@ import torch
 from torch.utils.data import Dataset, Subset, TensorDataset
 from tqdm import tqdm
 
+from gemq.aggregation.rules import UpdateStats, make_rule, median_sample
+from gemq.aggregation.tally import UpdateTally
 from gemq.config import RunConfig
-from gemq.data import DataSplit, load_dataset, minibatches, worker_seed
 from gemq.errors import ConfigError, GemqError
-from gemq.evaluate import evaluate
-from gemq.flatmodel import FlatModel
 from gemq.layout import ParamLayout
-from gemq.losses import load_loss
-from gemq.models import build_model, layout_of
-from gemq.rules import UpdateStats, make_rule, median_sample
 from gemq.sim.options import SimOptions
 from gemq.sim.results import SimResult
 from gemq.sim.staleness import Schedule, StalenessModel
-from gemq.tally import UpdateTally
+from gemq.training.data import DataSplit, load_dataset, minibatches, worker_seed
+from gemq.training.evaluate import evaluate
+from gemq.training.flatmodel import FlatModel
+from gemq.training.losses import load_loss
+from gemq.training.models import build_model, layout_of
 
 #: Curve points per run when ``eval_every`` is not given.
 DEFAULT_POINTS = 20
@@ -156,7 +156,7 @@ class Simulator:
         model = build_model(config.model, self.data.in_features, self.data.num_classes)
         self.layout: ParamLayout = layout_of(model)
         self.loss = load_loss(config.loss)
-        # The step of gemq/worker.py (amp stays off: the simulation is deterministic).
+        # The step of gemq/training/worker.py (amp stays off: the simulation is deterministic).
         self.net = FlatModel(model, loss=self.loss, loss_name=config.loss)
         self.theta = self.net.values.copy()  # the central variable
         self.rule = self._updater()

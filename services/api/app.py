@@ -17,8 +17,8 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from gemq import __version__, logs
-from gemq.connection import TRANSIENT_ERRORS, connect, redact
 from gemq.errors import GemqError
+from gemq.state.connection import TRANSIENT_ERRORS, connect, redact
 
 from ..settings import LOOPBACK, ApiSettings, load
 from .guard import RequestGuard

@@ -8,8 +8,8 @@ import redis
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from gemq.keys import is_valid_run_id
-from gemq.store import RunStore
+from gemq.ids import is_valid_run_id
+from gemq.state.store import RunStore
 
 from ..settings import ApiSettings
 from .guard import token_refusal

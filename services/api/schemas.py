@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from gemq.config import USER_SETTINGS, Setting
-from gemq.keys import RUN_ID_PATTERN
+from gemq.ids import RUN_ID_PATTERN
 
 
 class _RunRequestBase(BaseModel):

@@ -1,6 +1,6 @@
 """The API service's retention sweep: at start-up, then every GEMQ_RETENTION_INTERVAL_S, it
 frees what ended runs kept only for training and deletes the ended runs GEMQ_KEEP_RUNS and
-GEMQ_KEEP_DAYS do not keep (gemq/retention.py). Several API replicas may sweep at once:
+GEMQ_KEEP_DAYS do not keep (gemq/state/retention.py). Several API replicas may sweep at once:
 each deletion is claimed atomically, and one that lost the race is skipped."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import redis
 from fastapi.concurrency import run_in_threadpool
 
 from gemq.errors import GemqError
-from gemq.retention import RetentionPolicy, apply_retention
+from gemq.state.retention import RetentionPolicy, apply_retention
 
 log = logging.getLogger(__name__)
 

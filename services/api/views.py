@@ -8,9 +8,9 @@ from typing import Any
 
 import redis
 
-from gemq import combine
 from gemq.errors import RunNotFound
-from gemq.store import ENDED, Head, RunStore, now_ms, run_ids
+from gemq.records import combine
+from gemq.state.store import ENDED, Head, RunStore, now_ms, run_ids
 
 from ..jobs import job_state
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException
 from fastapi.responses import Response
 
 from gemq.errors import RunNotFound
-from gemq.export import export_curves
+from gemq.records.export import export_curves
 
 from ..deps import Reader, Store
 

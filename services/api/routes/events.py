@@ -13,9 +13,9 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
-from gemq.connection import TRANSIENT_ERRORS
 from gemq.errors import RunNotFound
-from gemq.store import RunStore
+from gemq.state.connection import TRANSIENT_ERRORS
+from gemq.state.store import RunStore
 
 from .. import views
 from ..deps import STREAM_ID, Reader, Store

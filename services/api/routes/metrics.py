@@ -17,8 +17,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from gemq import combine
-from gemq.store import RunStore, now_ms, run_ids
+from gemq.records import combine
+from gemq.state.store import RunStore, now_ms, run_ids
 
 from ...telemetry import BuildInfo
 from .. import views
@@ -41,7 +41,7 @@ GAUGES = {
     "gemq_active_workers": "Workers heard from in the last 10 s",
 }
 #: Per-shard gauge families (labels run and shard; shard 0 alone for a run of one shard):
-#: help text, and the shard table's field each one reads (gemq/combine.py: shard_table).
+#: help text, and the shard table's field each one reads (gemq/records/combine.py: shard_table).
 SHARD_GAUGES = {
     "gemq_shard_backlog": ("Gradient slices in the shard's stream not yet committed (what "
                            "workers compare with max_pending)", "backlog"),

@@ -11,14 +11,14 @@ from fastapi import APIRouter, HTTPException, Query
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
-from gemq import combine
 from gemq.config import make_config
-from gemq.data import DataSplit, load_dataset
 from gemq.errors import ConfigError, RunBusy, RunExists, RunNotFound, SpecError
-from gemq.retention import delete_run
-from gemq.runs import create_run
-from gemq.specs import is_import_spec
-from gemq.store import ENDED, RunState, RunStore
+from gemq.records import combine
+from gemq.running.runs import create_run
+from gemq.state.retention import delete_run
+from gemq.state.store import ENDED, RunState, RunStore
+from gemq.training.data import DataSplit, load_dataset
+from gemq.training.specs import is_import_spec
 
 from ...jobs import enqueue_aggregation, forget_job
 from .. import views
@@ -171,7 +171,7 @@ def _state_dict_bytes(store: RunStore, flat: np.ndarray) -> bytes:
     """
     import torch
 
-    from gemq.flatmodel import state_dict_of
+    from gemq.training.flatmodel import state_dict_of
 
     state = state_dict_of(store.layout(), flat)
     buffer = io.BytesIO()

@@ -6,13 +6,13 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query
 
-from gemq.store import METRICS_MAXLEN, RunStore
+from gemq.state.store import METRICS_MAXLEN, RunStore
 
 from .. import views
 from ..deps import STREAM_ID, Reader, Store
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
-#: The numeric fields of a metrics row (gemq.window.CommitWindow.metrics writes them).
+#: The numeric fields of a metrics row (gemq.aggregation.window.CommitWindow.metrics writes them).
 #: pi_tensors, a list per row, is the heat map's and comes with /metrics only.
 COLUMNS = ("t_ms", "updates", "applied", "rejected", "loss", "accuracy", "energy_ratio",
            "median_pi", "staleness_mean", "staleness_max", "active_workers", "e_central",

@@ -1,0 +1,267 @@
+"""Aggregation rules: numpy and one compiled kernel (gemq.aggregation.kernel), no Redis or torch.
+
+Every rule turns a worker's raw gradient ``g`` into an update of the central variable
+``theta`` in place. Notation follows the GEM paper (J. Hermans, G. Louppe, arXiv:1805.08469,
+eq. 27 and Algorithm 1), as docs/design.md ("The GEM rule") writes it: ``delta = -lr * g``
+is the unscaled update, ``drift = theta - s`` is how far the central variable moved since
+the worker read its copy ``s`` (the caller passes ``s``; the kernel computes the drift in
+its one pass), and ``tau`` is the staleness.
+
+All rules keep each worker's moment ``m_w <- mu * m_w + delta`` so that they all report the
+same energies: ``E_central = 1/2 sum((drift + scale * delta)^2)`` (the kinetic energy of the
+central variable as seen by that worker once the update lands) and
+``E_proxy = 1/2 sum((kappa * m_w)^2)`` (the momentum-SGD proxy's). Their ratio is 1 when the
+system is compliant, above 1 when it carries more energy than the proxy (DOWNPOUR with many
+workers), below 1 when it wastes the workers' work (adaptive staleness).
+
+A rule only says how its scale is computed (``_scale``, a ``ScaleRule``); the update itself
+is one fused pass over the parameters, the same for every rule.
+
+A run's state vector may hold buffers after its parameters (gemq/layout.py). A rule's
+``size`` is the parameters' part; whatever follows it in ``theta`` is buffers, and the
+matching tail of a worker's vector is the change its step made to them, which is added as
+it is (a parameter server's rule for moving averages: every worker's update of BatchNorm's
+running statistics lands, in arrival order, on the run's own).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from gemq.aggregation import kernel
+from gemq.config import DCASGD_LAMBDA, RunConfig
+from gemq.errors import ConfigError
+
+#: Medians of pi are taken over at most this many evenly spaced elements, once per update:
+#: an exact median of a large model would cost more than the update itself.
+MEDIAN_SAMPLE = 4096
+#: The per-tensor medians of the dashboard's heat map, one set per commit, need less.
+TENSOR_MEDIAN_SAMPLE = 2048
+
+
+class ScaleRule(NamedTuple):
+    """How gemq.aggregation.kernel.update computes a rule's per-element scale pi: the
+    kernel's ``mode`` and its two parameters (GEM: a = pi_max, b = eps; CONSTANT: pi = a;
+    DELAY_COMPENSATED: a = -lambda / lr)."""
+
+    mode: int
+    a: float
+    b: float = 0.0
+
+
+#: The checkpoint name of GlobalGEM's one moment (not a valid worker id: no clash).
+GLOBAL_MOMENT = "~global"
+
+
+@dataclass(frozen=True)
+class UpdateStats:
+    staleness: int
+    median_pi: float
+    e_central: float
+    e_proxy: float
+
+
+class Rule:
+    """Base: per-worker moments, energy accounting, in-place float32 buffers."""
+
+    name = "rule"
+
+    def __init__(self, size: int, *, lr: float, momentum: float, kappa: float = 1.0) -> None:
+        self.size = size
+        self.lr = lr
+        self.momentum = momentum
+        self.kappa = kappa
+        self._moments: dict[str, np.ndarray] = {}
+        self._pi = np.empty(size, np.float32)  # per-element pi of the last update
+        kernel.warm_up()
+
+    @property
+    def workers(self) -> list[str]:
+        """The workers whose state the rule holds."""
+        return list(self._moments)
+
+    def forget(self, worker_id: str) -> None:
+        """Drop a worker's state (it left, or was silent too long)."""
+        self._moments.pop(worker_id, None)
+
+    def moments(self) -> dict[str, np.ndarray]:
+        """The state to checkpoint for a restart: each worker's moment, by worker id."""
+        return dict(self._moments)
+
+    def restore(self, moments: dict[str, np.ndarray]) -> None:
+        """Take back checkpointed moments (a new leader's start); wrong sizes are skipped."""
+        for worker_id, moment in moments.items():
+            if moment.size == self.size:
+                self._moments[worker_id] = np.array(moment, np.float32)
+
+    def last_scale(self) -> np.ndarray:
+        """Per-element pi of the last update (read-only view, overwritten by the next)."""
+        view = self._pi.view()
+        view.flags.writeable = False
+        return view
+
+    def apply(self, theta: np.ndarray, gradient: np.ndarray, snapshot: np.ndarray,
+              worker_id: str, staleness: int) -> UpdateStats:
+        """Update ``theta`` in place with one worker's gradient; report what happened.
+
+        ``snapshot`` is the copy of the parameters the worker computed the gradient on
+        (the drift is ``theta - snapshot``). ``theta``, ``snapshot`` and the gradient are
+        flat float32 arrays (a gradient of another dtype is widened first): the rule's size
+        of parameters, then any buffers, whose changes are added to ``theta``'s.
+        """
+        if gradient.dtype != np.float32 or not gradient.flags.c_contiguous:
+            gradient = np.ascontiguousarray(gradient, dtype=np.float32)
+        rule = self._scale(staleness)
+        f32 = np.float32
+        n = self.size
+        e_central, e_proxy = kernel.update(
+            theta[:n], gradient[:n], snapshot[:n], self._moment(worker_id), self._pi,
+            f32(self.lr), f32(self.momentum), f32(self.kappa), rule.mode, f32(rule.a),
+            f32(rule.b))
+        if theta.size > n:
+            theta[n:] += gradient[n:]
+        return UpdateStats(staleness=staleness, median_pi=median_sample(self._pi),
+                           e_central=float(e_central), e_proxy=float(e_proxy))
+
+    def _moment(self, worker_id: str) -> np.ndarray:
+        moment = self._moments.get(worker_id)
+        if moment is None:
+            moment = self._moments[worker_id] = np.zeros(self.size, np.float32)
+        return moment
+
+    def _scale(self, staleness: int) -> ScaleRule:
+        """How this rule scales an update of the given staleness."""
+        raise NotImplementedError
+
+
+class Downpour(Rule):
+    """theta <- theta + delta."""
+
+    name = "downpour"
+
+    def _scale(self, staleness: int) -> ScaleRule:
+        return ScaleRule(kernel.CONSTANT, 1.0)
+
+
+class AdaptiveStaleness(Rule):
+    """theta <- theta + delta / (tau + 1)  (DynSGD-like)."""
+
+    name = "adaptive"
+
+    def _scale(self, staleness: int) -> ScaleRule:
+        return ScaleRule(kernel.CONSTANT, 1.0 / (staleness + 1))
+
+
+class GEM(Rule):
+    """Gradient Energy Matching (paper eq. 27): match each worker's energy to its proxy's.
+
+    pi = clip((kappa |m_w| - |theta - s|) / (|delta| + eps), 0, pi_max), element-wise.
+    """
+
+    name = "gem"
+
+    def __init__(self, size: int, *, lr: float, momentum: float, kappa: float = 1.0,
+                 pi_max: float = 5.0, eps: float = 1e-12) -> None:
+        super().__init__(size, lr=lr, momentum=momentum, kappa=kappa)
+        self.pi_max = pi_max
+        self.eps = eps
+
+    def _scale(self, staleness: int) -> ScaleRule:
+        return ScaleRule(kernel.GEM, self.pi_max, self.eps)
+
+
+class GlobalGEM(GEM):
+    """GEM with one proxy for the whole system (``proxy = global``, the paper's conclusion).
+
+    The moment is estimated at the aggregator from every worker's raw update, in arrival
+    order: ``m <- mu m + delta`` once per central update, instead of once per step of one
+    worker. Memory is one moment whatever the number of workers.
+    """
+
+    name = "gem-global"
+
+    def __init__(self, size: int, *, lr: float, momentum: float, kappa: float = 1.0,
+                 pi_max: float = 5.0, eps: float = 1e-12) -> None:
+        super().__init__(size, lr=lr, momentum=momentum, kappa=kappa, pi_max=pi_max, eps=eps)
+        self._global = np.zeros(size, np.float32)
+        self._seen: dict[str, None] = {}  # insertion-ordered set of the workers heard
+
+    @property
+    def workers(self) -> list[str]:
+        return list(self._seen)
+
+    def forget(self, worker_id: str) -> None:
+        # The shared moment is the system's, not the worker's: it survives the worker.
+        self._seen.pop(worker_id, None)
+
+    def _moment(self, worker_id: str) -> np.ndarray:
+        self._seen[worker_id] = None
+        return self._global
+
+    def moments(self) -> dict[str, np.ndarray]:
+        return {GLOBAL_MOMENT: self._global}
+
+    def restore(self, moments: dict[str, np.ndarray]) -> None:
+        moment = moments.get(GLOBAL_MOMENT)
+        if moment is not None and moment.size == self.size:
+            self._global[:] = moment
+
+
+class DCASGD(Rule):
+    """Delay-compensated ASGD (Zheng et al. 2017, constant lambda):
+    theta <- theta - lr (g + lambda g * g * (theta - s)).
+
+    The element-wise Taylor correction g * g * drift approximates how the gradient moved
+    while the worker computed. As a scale of delta = -lr g it is 1 + lambda g drift, which
+    is what ``last_scale`` (and median pi) report.
+    """
+
+    name = "dcasgd"
+
+    def __init__(self, size: int, *, lr: float, momentum: float, kappa: float = 1.0,
+                 lam: float = DCASGD_LAMBDA) -> None:
+        super().__init__(size, lr=lr, momentum=momentum, kappa=kappa)
+        self.lam = lam
+
+    def _scale(self, staleness: int) -> ScaleRule:
+        return ScaleRule(kernel.DELAY_COMPENSATED, -self.lam / self.lr)  # g = -delta / lr
+
+
+def median_sample(values: np.ndarray, limit: int = MEDIAN_SAMPLE) -> float:
+    """Median of ``values``, estimated on at most ``limit`` evenly spaced elements.
+
+    Sorts the sample: ``np.median`` spends more in its Python layers than in the selection
+    on samples this small, and ``np.partition`` slows down badly on many equal values, which
+    is what pi is (clipped to 0 and pi_max); docs/performance.md has the measurements.
+    """
+    if values.size == 0:
+        return math.nan
+    stride = -(-values.size // limit)  # ceiling division
+    ordered = np.sort(values[::stride])
+    middle = ordered.size // 2
+    if ordered.size % 2:
+        return float(ordered[middle])
+    return (float(ordered[middle - 1]) + float(ordered[middle])) / 2
+
+
+def make_rule(config: RunConfig, size: int, *,
+              dcasgd_lambda: float = DCASGD_LAMBDA) -> Rule:
+    """The rule a run's configuration asks for (``dcasgd_lambda``: DC-ASGD's lambda)."""
+    common = {"lr": config.lr, "momentum": config.momentum, "kappa": config.kappa}
+    if config.algo == "gem":
+        gem = GlobalGEM if config.proxy == "global" else GEM
+        return gem(size, pi_max=config.pi_max, eps=config.eps, **common)
+    if config.proxy != "local":
+        raise ConfigError("proxy", f"{config.proxy!r} is a GEM option; algo "
+                                   f"{config.algo!r} has no proxy to estimate")
+    if config.algo == "downpour":
+        return Downpour(size, **common)
+    if config.algo == "dcasgd":
+        if not (math.isfinite(dcasgd_lambda) and dcasgd_lambda >= 0):
+            raise ConfigError("dcasgd_lambda", f"must be finite and >= 0, got {dcasgd_lambda}")
+        return DCASGD(size, lam=dcasgd_lambda, **common)
+    return AdaptiveStaleness(size, **common)

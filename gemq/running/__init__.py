@@ -1,0 +1,13 @@
+"""Running gemq on one machine: a private Redis, run creation, the local training command.
+
+| module | one job |
+|---|---|
+| ``local`` | ``train()``, what ``gemq run`` calls: Redis, an aggregator, n worker processes |
+| ``runs`` | creating runs: the initial state and layout, written to Redis |
+| ``modelfile`` | a local run's model file: the newest published state as a state_dict |
+| ``embedded`` | a private redis-server on a free loopback port |
+| ``cluster`` | a private Redis Cluster, for tests and ``gemq run --local-cluster`` |
+
+The dependencies point one way: local -> runs, modelfile, cluster -> embedded; and down to
+every other wing but the simulator (aggregation, training, records, state, wire, base).
+"""

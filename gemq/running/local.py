@@ -1,0 +1,299 @@
+"""All-in-one local training: Redis, one aggregator and n worker processes on this machine.
+
+``train()`` is what ``gemq run`` calls; from Python::
+
+    summary = gemq.train("cnn", "mnist5k", workers=4, epochs=10)   # a gemq.RunSummary
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+import redis
+import torch
+from torch import nn
+
+from gemq.aggregation.aggregator import aggregator_main
+from gemq.aggregation.snapshots import budget_advice
+from gemq.config import USER_SETTINGS, RunConfig, make_config, validate_settings
+from gemq.errors import ConfigError, GemqError
+from gemq.process import raise_on_termination
+from gemq.records.curves import CURVES_FILE
+from gemq.records.progress import ProgressDisplay
+from gemq.records.recording import CurveRecorder
+from gemq.records.summary import RunSummary, run_totals
+from gemq.records.tensorboard_curves import require_tensorboard
+from gemq.running.cluster import EmbeddedCluster
+from gemq.running.embedded import EmbeddedRedis
+from gemq.running.modelfile import ModelFile
+from gemq.running.runs import create_run
+from gemq.state.connection import connect, is_cluster, redact
+from gemq.state.retention import release_if_ended
+from gemq.state.store import ENDED, RunState, RunStore
+from gemq.training.data import DataSplit, load_dataset
+from gemq.training.evaluate import evaluate
+from gemq.training.losses import load_loss
+from gemq.training.models import build_model
+from gemq.training.specs import spec_of
+from gemq.training.worker import worker_main
+from gemq.wire import codec
+
+log = logging.getLogger(__name__)
+
+#: Redis' smallest allowed proto-max-bulk-len, and room beyond a run's largest value.
+MIN_BULK_LEN = 1024 * 1024
+BULK_LEN_SLACK = 64 * 1024
+#: The most masters --local-cluster starts (each is a redis-server process).
+MAX_LOCAL_MASTERS = 16
+#: Worker processes yield the CPU to the aggregator and Redis: on a machine with fewer cores
+#: than processes, a starved aggregator lets the stream back up and staleness grow.
+LOCAL_WORKER_NICENESS = 5
+
+ModelSpec = str | Callable[[], torch.nn.Module]
+DatasetSpec = str | Callable[[], Any]
+DEFAULT_MODEL: str = next(s.default for s in USER_SETTINGS if s.name == "model")
+DEFAULT_DATASET: str = next(s.default for s in USER_SETTINGS if s.name == "dataset")
+
+
+@dataclass(frozen=True)
+class LocalOptions:
+    workers: int = 4
+    #: Worker processes; the logical workers are spread over them as threads. 0: as many
+    #: as workers, up to max(4, CPU count).
+    worker_processes: int = 0
+    redis_url: str | None = None
+    out_dir: Path | None = None
+    progress: bool = True
+    device: str = "cpu"
+    lease_ms: int = 5000
+    #: Masters of a private Redis Cluster to start instead of one private Redis (0: none).
+    local_cluster: int = 0
+    #: Also write the curves as TensorBoard scalars, under <tensorboard>/<run id>.
+    tensorboard: Path | None = None
+
+
+def train(model: ModelSpec = DEFAULT_MODEL, dataset: DatasetSpec = DEFAULT_DATASET, *,
+          workers: int = 4, epochs: float | None = None, steps: int | None = None,
+          algo: str | None = None, proxy: str | None = None, lr: float | None = None,
+          momentum: float | None = None, kappa: float | None = None,
+          pi_max: float | None = None, batch_size: int | None = None,
+          seed: int | None = None, max_staleness: int | None = None,
+          snapshot_budget_mb: int | None = None, max_pending: int | None = None,
+          shards: int | None = None, wire_dtype: str | None = None,
+          publish_every: int | None = None, publish_interval_ms: int | None = None,
+          max_rejected_in_a_row: int | None = None, stall_timeout_s: float | None = None,
+          loss: str | None = None, amp: str | None = None,
+          checkpoint_overhead: float | None = None, init_from: str | Path | None = None,
+          run_id: str | None = None, redis_url: str | None = None,
+          out_dir: str | Path | None = None, progress: bool = True, device: str = "cpu",
+          worker_processes: int = 0, local_cluster: int = 0,
+          tensorboard: str | Path | None = None) -> RunSummary:
+    """Train locally on a private Redis (or ``redis_url``); return the run summary, which is
+    also written to ``out_dir`` (default ``runs/<run id>``) with the model and the curves
+    (metrics.csv; and TensorBoard scalars under ``tensorboard``/<run id> if given).
+
+    ``model`` and ``dataset`` are built-in names, ``module:factory`` specs, or importable
+    callables. The budget is ``epochs`` (passes over the training set, summed over workers)
+    or ``steps`` (updates). ``init_from``: a state_dict file (an earlier run's model.pt) to
+    start from. ``local_cluster``: start a private Redis Cluster of that many masters
+    (instead of one private Redis) to try the sharded topology. Every setting left None
+    takes RunConfig's default (see ``gemq run --help``, or gemq.config, for each one's
+    meaning, default and range).
+    """
+    given = locals()  # the arguments, by name: one per user setting (a test checks)
+    settings: dict[str, Any] = {s.name: given[s.name] for s in USER_SETTINGS}
+    settings.update(model=_spec(model), dataset=_spec(dataset), run_id=run_id)
+    validate_settings(settings)  # every setting, before the dataset is loaded
+    data = load_dataset(settings["dataset"])
+    config = make_config(settings, train_samples=len(data.train))  # type: ignore[arg-type]
+    options = LocalOptions(workers=workers, worker_processes=worker_processes,
+                           redis_url=redis_url, out_dir=Path(out_dir) if out_dir else None,
+                           progress=progress, device=device, local_cluster=local_cluster,
+                           tensorboard=Path(tensorboard) if tensorboard else None)
+    return run_local(config, options, data, Path(init_from) if init_from else None)
+
+
+def _spec(value: ModelSpec | DatasetSpec) -> str:
+    return value if isinstance(value, str) else spec_of(value)
+
+
+def run_local(config: RunConfig, options: LocalOptions, data: DataSplit | None = None,
+              init_from: Path | None = None) -> RunSummary:
+    """Run ``config`` to its end on this machine (``data``: its dataset, if loaded;
+    ``init_from``: a state_dict file to start from)."""
+    if options.workers < 1:
+        raise ConfigError("workers", f"must be at least 1, got {options.workers}")
+    if options.local_cluster and options.redis_url:
+        raise ConfigError("local_cluster", "starts a private cluster: give it or a Redis URL, "
+                                           "not both")
+    if not 0 <= options.local_cluster <= MAX_LOCAL_MASTERS:
+        raise ConfigError("local_cluster", f"masters must be 0 (none) to {MAX_LOCAL_MASTERS}, "
+                                           f"got {options.local_cluster}")
+    if options.tensorboard is not None:
+        require_tensorboard()
+    data = data or load_dataset(config.dataset)
+    out = options.out_dir or Path("runs") / config.run_id
+    model = build_model(config.model, data.in_features, data.num_classes)
+    started = time.monotonic()
+    # SIGTERM and SIGHUP unwind like Ctrl-C: children stopped, the private Redis with them.
+    with raise_on_termination(), _redis(options) as url:
+        client = connect(url)
+        try:
+            store = create_run(client, config, data, init_from)
+            if options.redis_url is None:
+                _refuse_oversized_values(client, store, config)
+            model_file = ModelFile(store, model, out / "model.pt")
+            try:
+                with CurveRecorder(store, out / CURVES_FILE, options.tensorboard) as curves:
+                    _supervise(url, store, config, options, model_file, curves)
+                for shard in store.shards():  # again: workers published after it
+                    release_if_ended(shard, store.state())
+            except BaseException:  # Ctrl-C, SIGTERM, a failed run: keep what was learnt
+                model_file.save_on_the_way_out()
+                raise
+            summary = run_totals(store)
+            summary["redis"] = (redact(options.redis_url) if options.redis_url
+                                else f"embedded cluster of {options.local_cluster} masters"
+                                if options.local_cluster else "embedded")
+            model_file.save()
+        finally:
+            client.close()
+    summary["wall_time_s"] = round(time.monotonic() - started, 3)
+    return _finish(config, options, data, model, out, summary)
+
+
+@contextlib.contextmanager
+def _redis(options: LocalOptions) -> Iterator[str]:
+    if options.redis_url:
+        yield options.redis_url
+        return
+    if options.local_cluster:
+        with EmbeddedCluster(options.local_cluster, die_with_owner=True) as cluster:
+            log.info("started a private Redis Cluster on ports %s", cluster.ports)
+            yield cluster.url
+        return
+    with EmbeddedRedis(die_with_owner=True) as server:
+        log.info("started a private redis-server on port %d", server.port)
+        yield server.url
+
+
+def _refuse_oversized_values(client: redis.Redis, store: RunStore, config: RunConfig) -> None:
+    """Make the private Redis refuse any value larger than this run's largest legal one (a
+    parameter vector or a gradient message): an oversized stream entry is then refused when
+    it is written, and never reaches the aggregator's memory."""
+    size = max(shard.size for shard in store.plan().shards)
+    expected = codec.Expected(config.run_id, "", size, config.wire_dtype,
+                              config.max_message_bytes)
+    largest = max(4 * size, expected.byte_limit)
+    on_every_node = {"target_nodes": "all"} if is_cluster(client) else {}
+    client.config_set("proto-max-bulk-len", max(MIN_BULK_LEN, largest + BULK_LEN_SLACK),
+                      **on_every_node)
+
+
+def _supervise(url: str, store: RunStore, config: RunConfig, options: LocalOptions,
+               model_file: ModelFile, curves: CurveRecorder) -> None:
+    """Start the processes, show progress, and wait for the aggregator to end the run."""
+    context = mp.get_context("spawn")
+    aggregators = [context.Process(target=aggregator_main,
+                                   name="gemq-aggregator" + (f"-{k}" if k else ""),
+                                   args=(url, config.run_id, options.lease_ms, k))
+                   for k in range(config.shards)]
+    workers = [context.Process(target=worker_main, name=f"gemq-worker-{i}",
+                               args=(url, config.run_id, ids, options.device,
+                                     LOCAL_WORKER_NICENESS))
+               for i, ids in enumerate(_worker_groups(config.run_id, options))]
+    processes: list[BaseProcess] = [*aggregators, *workers]
+    shards = f" for {config.shards} shards" if config.shards > 1 else ""
+    display = ProgressDisplay(
+        store, config.budget_updates, enabled=options.progress,
+        starting=f"run {config.run_id}: starting {len(aggregators)} aggregator"
+                 f"{'s' if len(aggregators) > 1 else ''}{shards} and {options.workers} "
+                 f"workers ({config.algo}, {config.model} on {config.dataset}, "
+                 f"{config.budget_updates} updates)")
+    advice = budget_advice(config, max(shard.size for shard in store.plan().shards),
+                           options.workers)
+    if options.progress and advice:
+        print(f"run {config.run_id}: {advice}", file=sys.stderr)
+    try:
+        for process in processes:
+            process.start()
+        while any(a.is_alive() for a in aggregators):
+            aggregators[0].join(0.25)
+            display.poll()
+            curves.poll()
+            model_file.save_if_due()
+            if not any(w.is_alive() for w in workers):
+                if store.state() in ENDED:  # they left because the run ended
+                    for aggregator in aggregators:
+                        aggregator.join(10)
+                    break
+                raise GemqError("every worker process exited before the run finished; "
+                                f"codes: {[w.exitcode for w in workers]}")
+        display.poll()
+        curves.poll()
+        display.close()
+        status = store.status()
+        if status["state"] == RunState.FAILED and status.get("error"):
+            raise GemqError(f"run {config.run_id} failed: {status['error']}")
+        codes = [a.exitcode for a in aggregators]
+        if any(codes) or status["state"] not in (RunState.FINISHED, RunState.STOPPED):
+            raise GemqError(f"the aggregator ended with code {_worst(codes)}, run state "
+                            f"{status['state']!r}; see the log above")
+        for worker in workers:
+            worker.join(30)
+    finally:
+        display.close()
+        _terminate(processes)
+
+
+def _worst(codes: list[int | None]) -> int | None:
+    """The exit code to report: the first non-zero one (None: still running)."""
+    return next((code for code in codes if code != 0), 0)
+
+
+def _worker_groups(run_id: str, options: LocalOptions) -> list[list[str]]:
+    """Logical worker ids, dealt round-robin over the worker processes."""
+    ids = [f"{run_id}-w{i}" for i in range(options.workers)]
+    processes = options.worker_processes or min(options.workers, max(4, os.cpu_count() or 1))
+    return [ids[i::processes] for i in range(min(processes, len(ids)))]
+
+
+def _terminate(processes: list[BaseProcess]) -> None:
+    processes = [p for p in processes if p.pid is not None]  # those that were started
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(10)
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
+def _finish(config: RunConfig, options: LocalOptions, data: DataSplit, model: nn.Module,
+            out: Path, summary: dict[str, Any]) -> RunSummary:
+    """Evaluate the final model (loaded by the model file) and write the summary."""
+    loss = load_loss(config.loss)
+    summary["train_loss"], summary["train_accuracy"] = evaluate(model, data.train, loss=loss)
+    summary["test_loss"], summary["test_accuracy"] = evaluate(model, data.test, loss=loss)
+    summary["parameters"] = int(sum(p.numel() for p in model.parameters()))
+    summary["test_samples"] = len(data.test)  # type: ignore[arg-type]
+    summary["workers"] = options.workers
+    summary["config"] = config
+    wall = summary["wall_time_s"]
+    summary["updates_per_s"] = round(summary["updates_applied"] / wall, 2) if wall else None
+    summary["model_path"] = out / "model.pt"
+    summary["summary_path"] = out / "summary.json"
+    result = RunSummary(**summary)
+    result.write_json()
+    return result

@@ -1,0 +1,263 @@
+"""Opening Redis connections: bounded, logged retries and errors that name the server."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from typing import Any, cast
+from urllib.parse import unquote
+
+import redis
+from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.cluster import RedisCluster
+from redis.connection import (
+    HIREDIS_AVAILABLE,
+    Encoder,
+    HiredisRespSerializer,
+    PythonRespSerializer,
+)
+from redis.exceptions import RedisClusterException
+from redis.maint_notifications import MaintNotificationsConfig
+from redis.retry import Retry
+
+from gemq.errors import RedisUnavailable
+from gemq.state.bulkreads import InPlaceParser
+
+log = logging.getLogger(__name__)
+
+#: Errors after which a command is retried on a fresh connection.
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
+    redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+_UNREACHABLE: tuple[type[Exception], ...] = (*TRANSIENT_ERRORS, OSError)
+
+
+#: scheme://, then the authority (up to the first /, ? or #, as urlsplit cuts it), then the rest.
+_URL_PARTS = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)(.*)$", re.DOTALL)
+#: Query parameters whose values are secrets (matched in the lower-cased, decoded name).
+_SECRET_PARAMS = ("password", "secret", "token")
+
+
+def redact(url: str) -> str:
+    """The URL with every password replaced by ``***``, for logs and error messages.
+
+    Both places redis-py reads one from are covered: the userinfo (``user:password@``) and
+    query parameters (``?password=``, ``ssl_password=``). Works on the text alone, so a
+    malformed URL (a port out of range, a broken IPv6 address) is redacted too: this runs
+    while reporting exactly such errors and must never raise.
+    """
+    match = _URL_PARTS.match(url)
+    if match is None:
+        return _redact_query(url)
+    scheme, authority, rest = match.groups()
+    return scheme + _redact_userinfo(authority) + _redact_query(rest)
+
+
+def _redact_userinfo(authority: str) -> str:
+    userinfo, at, host = authority.rpartition("@")
+    if not at or ":" not in userinfo:
+        return authority  # no password; a user name alone is not a secret
+    return f"{userinfo.partition(':')[0]}:***@{host}"
+
+
+def _redact_query(text: str) -> str:
+    before, question, query = text.partition("?")
+    if not question:
+        return text
+    query, hash_, fragment = query.partition("#")
+    params = "&".join(_redact_param(p) for p in query.split("&"))
+    return f"{before}?{params}{hash_}{fragment}"
+
+
+def _redact_param(param: str) -> str:
+    name, equals, _ = param.partition("=")
+    secret = any(s in unquote(name).lower() for s in _SECRET_PARAMS)
+    return f"{name}=***" if equals and secret else param
+
+
+#: Arguments longer than this go to the socket as they are, without being copied into one
+#: packed command (redis-py's own cut-off).
+_BUFFER_CUTOFF = 6000
+
+
+#: Bytes read from the socket per call: a gradient or parameter vector arrives in a few
+#: reads rather than one per 64 KiB, redis-py's default (each one a syscall and a feed into
+#: the parser).
+SOCKET_READ_SIZE = 1 << 20
+
+
+class ZeroCopyPacker:
+    """Packs commands for the socket without copying large arguments.
+
+    With hiredis installed, redis-py packs every command into one new bytes object, so each
+    gradient or parameter vector would be copied once more before the socket copies it
+    again. Commands with a large argument (or a memoryview) go through redis-py's
+    pure-Python packer, which hands such arguments to ``sendall`` as they are; all other
+    commands keep hiredis' packer, which is faster for many small arguments.
+    """
+
+    def __init__(self) -> None:
+        self._python = PythonRespSerializer(_BUFFER_CUTOFF,
+                                            Encoder("utf-8", "strict", False).encode)
+        self._hiredis = HiredisRespSerializer() if HIREDIS_AVAILABLE else self._python
+
+    def pack(self, *args: Any) -> list[Any]:
+        large = any(isinstance(a, memoryview) or (isinstance(a, bytes | bytearray)
+                                                  and len(a) > _BUFFER_CUTOFF) for a in args)
+        return (self._python if large else self._hiredis).pack(*args)
+
+
+def _reading_settings() -> dict[str, Any]:
+    """How gemq's connections read replies: large ones in place (gemq/state/bulkreads.py), in
+    chunks of SOCKET_READ_SIZE. redis-py allows its maintenance notifications (a Redis
+    Enterprise feature) only with its own parsers: they stay off."""
+    return {"parser_class": InPlaceParser, "socket_read_size": SOCKET_READ_SIZE,
+            "maint_notifications_config": MaintNotificationsConfig(enabled=False)}
+
+
+def connect(url: str, *, wait_s: float | None = 30.0, socket_timeout_s: float = 30.0,
+            retries: int = 3) -> redis.Redis:
+    """A client for ``url`` (redis://, rediss:// or unix://, password and ACL user included).
+
+    Waits up to ``wait_s`` for the server to answer PING, retrying with capped exponential
+    backoff and one log line per attempt; then raises RedisUnavailable naming the URL.
+    ``wait_s=None`` does not wait: the client connects on its first command.
+    Commands on the returned client are re-sent up to ``retries`` times after a transient
+    connection error. Only idempotent callers should allow that: a worker, whose XADD must
+    not land twice, passes ``retries=0`` and waits out outages in its own loop.
+
+    A node of a Redis Cluster gets a cluster client (gemq/running/cluster.py), which speaks the
+    same commands and sends each to the node serving its key's slot.
+    """
+    try:
+        client = redis.Redis.from_url(
+            url, socket_connect_timeout=5, socket_timeout=socket_timeout_s,
+            retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=retries),
+            retry_on_error=list(TRANSIENT_ERRORS), health_check_interval=30,
+            command_packer=ZeroCopyPacker(), **_reading_settings())
+    except ValueError as e:
+        raise RedisUnavailable(f"invalid Redis URL {redact(url)!r}: {e}") from e
+    if wait_s is not None:
+        wait_until_ready(url, wait_s)
+        cluster = is_cluster(client)
+    else:  # asked not to wait: tell a cluster now if Redis answers at once
+        try:
+            cluster = is_cluster(url, timeout_s=1.0)
+        except RedisUnavailable as e:
+            log.warning("%s; taking it for a standalone Redis (a Redis Cluster is recognised "
+                        "only when it answers at start-up)", e)
+            cluster = False
+    if cluster:
+        client.close()
+        return cast(redis.Redis, connect_cluster(
+            url, wait_s=None, socket_timeout_s=socket_timeout_s, retries=retries))
+    return client
+
+
+def wait_until_ready(url: str, wait_s: float) -> None:
+    """PING ``url`` until it answers, with a log line per failed attempt."""
+    deadline = time.monotonic() + wait_s
+    delay, attempt = 0.1, 0
+    while True:
+        attempt += 1
+        try:
+            with redis.Redis.from_url(url, socket_connect_timeout=2) as probe:
+                probe.ping()
+            return
+        except redis.AuthenticationError as e:
+            raise RedisUnavailable(f"Redis at {redact(url)} refused the credentials: {e}") from e
+        except _UNREACHABLE as e:
+            if time.monotonic() + delay > deadline:
+                raise RedisUnavailable(
+                    f"cannot reach Redis at {redact(url)} after {attempt} attempts: {e}") from e
+            log.warning("Redis at %s not reachable (%s); retrying in %.1fs",
+                        redact(url), e, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+class Backoff:
+    """Waiting out an outage: capped exponential delays, one log line per attempt."""
+
+    def __init__(self, what: str, first_s: float = 0.1, cap_s: float = 5.0) -> None:
+        self.what = what
+        self.first_s = first_s
+        self.cap_s = cap_s
+        self.delay = first_s
+
+    def wait(self, stop: threading.Event, error: Exception) -> None:
+        log.warning("%s: Redis unreachable (%s); retrying in %.1fs", self.what, error,
+                    self.delay)
+        stop.wait(self.delay)
+        self.delay = min(self.delay * 2, self.cap_s)
+
+    def reset(self) -> None:
+        if self.delay != self.first_s:
+            log.info("%s: Redis reachable again", self.what)
+        self.delay = self.first_s
+
+
+def is_cluster(client_or_url: redis.Redis | RedisCluster | str, timeout_s: float = 5.0) -> bool:
+    """Whether the Redis behind a client or URL runs in cluster mode (one INFO call; for a
+    URL, RedisUnavailable if it does not answer within ``timeout_s``)."""
+    if isinstance(client_or_url, RedisCluster):
+        return True
+    if isinstance(client_or_url, redis.Redis):
+        return _cluster_enabled(client_or_url)
+    url = client_or_url
+    try:
+        with redis.Redis.from_url(url, socket_connect_timeout=timeout_s,
+                                  socket_timeout=timeout_s,
+                                  retry=Retry(NoBackoff(), 0)) as client:
+            return _cluster_enabled(client)
+    except ValueError as e:
+        raise RedisUnavailable(f"invalid Redis URL {redact(url)!r}: {e}") from e
+    except redis.AuthenticationError as e:
+        raise RedisUnavailable(f"Redis at {redact(url)} refused the credentials: {e}") from e
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+        raise RedisUnavailable(f"cannot reach Redis at {redact(url)}: {e}") from e
+
+
+def _cluster_enabled(client: redis.Redis) -> bool:
+    info: Any = client.info("cluster")
+    return bool(int(info.get("cluster_enabled", 0)))
+
+
+class _NodePool(redis.ConnectionPool):
+    """The connection pool of each cluster node, with the settings ``connect`` gives a
+    standalone client that RedisCluster would drop: it forwards only a fixed list of
+    connection arguments to its nodes, without ``command_packer``, ``health_check_interval``
+    or the parser, but it does use the pool class it is given."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("command_packer", ZeroCopyPacker())
+        kwargs.setdefault("health_check_interval", 30)
+        for name, value in _reading_settings().items():
+            kwargs.setdefault(name, value)
+        super().__init__(**kwargs)
+
+
+def connect_cluster(url: str, *, wait_s: float | None = 30.0, socket_timeout_s: float = 30.0,
+                    retries: int = 3) -> RedisCluster:
+    """A cluster client from any node's URL (redis:// or rediss://, password and ACL user
+    included), with ``connect``'s settings: timeouts, read size, zero-copy packing.
+
+    Waits up to ``wait_s`` for that node to answer PING; then discovers the cluster at
+    once (RedisCluster always does), raising RedisUnavailable if it cannot, if the node is
+    not in cluster mode, or if some slot is served by no node. ``retries``: how often a
+    command (or a whole MULTI/EXEC) is re-sent after a connection error or a cluster
+    outage, right away, after re-reading the slot map; a worker passes 0 (its XADD must
+    not land twice).
+    """
+    if wait_s is not None:
+        wait_until_ready(url, wait_s)
+    try:
+        return RedisCluster.from_url(
+            url, socket_connect_timeout=5, socket_timeout=socket_timeout_s,
+            retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=retries),
+            connection_pool_class=_NodePool)
+    except ValueError as e:
+        raise RedisUnavailable(f"invalid Redis URL {redact(url)!r}: {e}") from e
+    except (RedisClusterException, redis.RedisError) as e:
+        raise RedisUnavailable(f"no Redis Cluster at {redact(url)}: {e}") from e

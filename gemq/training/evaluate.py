@@ -1,0 +1,56 @@
+"""Evaluating and saving models."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from gemq.training.losses import LossFunction
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, dataset: Dataset, batch_size: int = 1000,
+             loss: LossFunction = nn.functional.cross_entropy) -> tuple[float, float | None]:
+    """(mean loss, accuracy) of ``model`` in evaluation mode on ``dataset``, with the loss
+    the run trains with. Accuracy is the share of argmax predictions equal to the target,
+    where targets are class indices (integers, one per sample, and one output per class);
+    otherwise None."""
+    model.eval()
+    device = next(model.parameters()).device
+    loss_sum, correct, count, classified = 0.0, 0, 0, True
+    for x, y in DataLoader(dataset, batch_size=batch_size):
+        x, y = x.to(device), y.to(device)
+        out = model(x)
+        loss_sum += float(loss(out, y)) * len(y)  # a mean over the batch
+        hits = class_hits(out, y) if classified else None
+        classified = hits is not None
+        correct += int(hits) if hits is not None else 0
+        count += len(y)
+    model.train()
+    mean = loss_sum / count if count else math.nan
+    return mean, (correct / max(count, 1) if classified else None)
+
+
+def class_hits(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor | None:
+    """How many argmax predictions of ``out`` equal ``target``, where the targets are class
+    indices (integers, one per sample, and one output per class); otherwise None. The count
+    is a 0-d tensor on ``out``'s device: reading it waits for the device, so a caller in
+    the middle of a step reads it once the step's own sync has happened."""
+    if not (target.dim() == 1 and not target.dtype.is_floating_point
+            and out.dim() == 2 and out.shape[1] > 1):
+        return None
+    return (out.detach().argmax(1) == target).sum()
+
+
+def save_state_dict(model: nn.Module, path: Path) -> Path:
+    """``model``'s state_dict (parameters and buffers) at ``path``, written atomically: a
+    reader never sees half a file, even if this process dies while writing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    torch.save(model.state_dict(), partial)
+    partial.replace(path)
+    return path
