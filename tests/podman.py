@@ -24,7 +24,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,7 +76,7 @@ def require_podman() -> None:
 MADE = ARTIFACTS / "podman-made.txt"
 
 
-def remember(pods: list[str] = (), volumes: list[str] = ()) -> None:  # type: ignore[assignment]
+def remember(pods: Sequence[str] = (), volumes: Sequence[str] = ()) -> None:
     """Note pods and volumes for clean_up() that cannot carry the test label."""
     ARTIFACTS.mkdir(exist_ok=True)
     with MADE.open("a") as f:

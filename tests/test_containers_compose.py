@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -58,12 +57,6 @@ def _podman_compose() -> str:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Compose:
     """``podman-compose -p PROJECT -f compose.yaml ...`` with the test's variables."""
 
@@ -95,7 +88,9 @@ def _service(container: dict[str, Any]) -> str:
 @pytest.mark.timeout(900)
 def test_compose_runs_a_run(images: dict[str, BuiltImage],
                             request: pytest.FixtureRequest) -> None:
-    port = _free_port()
+    from gemq.running.embedded import free_port
+
+    port = free_port()
     compose = Compose(f"gemq-test-compose-{os.getpid()}", {
         "GEMQ_REDIS_PASSWORD": REDIS_PASSWORD, "GEMQ_API_TOKEN": TOKEN,
         "GEMQ_API_PUBLISH": f"127.0.0.1:{port}", "GEMQ_REDIS_IMAGE": REDIS_IMAGE,
