@@ -33,6 +33,8 @@ and the base, here at the top, which every wing may use:
 | ``threads`` | long-running tasks of one process, one shutdown event |
 | ``telemetry`` | what the aggregator and workers report about their own work |
 | ``cliargs`` | the argparse pieces every command shares |
+| ``configfile`` | ``--config FILE``: flags from TOML, and the config.toml a run leaves |
+| ``ports`` | a port about to be listened on: taken is one clear error |
 
 and the top, which nothing of the library imports:
 

@@ -19,12 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 from gemq import __version__, logs
 from gemq.cliargs import (
+    EXIT_POOR_RESULT,
     EXIT_USAGE,
     Parser,
+    add_config,
     add_redis,
     add_run,
     add_settings,
     apply_env_defaults,
+    non_negative_int,
     positive_int,
     required,
     settings_of,
@@ -38,9 +41,11 @@ from gemq.config import (
     make_config,
     validate_settings,
 )
+from gemq.configfile import apply_config_file
 from gemq.errors import ConfigError, GemqError, RunExists
 from gemq.process import Terminated, raise_on_termination
 from gemq.records.curves import FORMATS
+from gemq.running.localservices import DEFAULT_WORKERS as DEFAULT_LOCAL_WORKERS
 from gemq.sim.command import add_simulate_parser, cmd_simulate
 
 if TYPE_CHECKING:
@@ -71,7 +76,7 @@ def _add_init_from(parser: argparse.ArgumentParser) -> None:
                              "instead of the seeded initial parameters")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Parser:
     parser = Parser(prog="gemq", description="Asynchronous training with Gradient Energy "
                     "Matching over Redis Streams. Every flag can also be set as GEMQ_<FLAG> "
                     "(for example GEMQ_REDIS_URL).")
@@ -85,12 +90,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_run(run, _NEW_RUN_ID)
     add_redis(run, required=False)
     run.add_argument("--workers", type=positive_int, default=4, help="logical workers")
-    run.add_argument("--worker-processes", type=int, default=0,
+    run.add_argument("--worker-processes", type=non_negative_int, default=0,
                      help="processes hosting them as threads; 0: min(workers, max(4, CPUs))")
     run.add_argument("--device", default="cpu", help="auto, cpu or cuda[:N] for workers")
     run.add_argument("--out", type=Path, default=None, help="default: runs/<run-id>")
     run.add_argument("--json", type=Path, default=None, help="also write the summary here")
     run.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    run.add_argument("--accept-poor-result", action="store_true",
+                     help=f"exit 0 even when the run finishes with most gradients rejected or "
+                          f"a test accuracy no better than chance (a warning either way; "
+                          f"without this flag, exit code {EXIT_POOR_RESULT})")
+    run.add_argument("--dashboard", nargs="?", type=positive_int, const=8000, default=None,
+                     metavar="PORT", help="serve the live dashboard for this run on "
+                     "http://127.0.0.1:PORT (default 8000), and after it until Ctrl-C")
     run.add_argument("--local-cluster", type=int, default=0, metavar="MASTERS",
                      help="start a private Redis Cluster of this many masters instead of "
                           "one private Redis (try --shards on the real topology); 0: no")
@@ -98,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also write the curves as TensorBoard scalars to DIR/<run-id> "
                           "(needs pip install 'gemq[tensorboard]')")
     _add_init_from(run)
+    add_config(run)
 
     create = _command(commands, "create", "create a run in Redis for remote workers",
                       "RUN=$(gemq create --redis-url redis://host:6379/0 --epochs 20)")
@@ -105,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run(create, _NEW_RUN_ID)
     add_redis(create, required=True)
     _add_init_from(create)
+    add_config(create)
 
     aggregator = _command(commands, "aggregator", "aggregate one run (numpy only)",
                           "gemq aggregator --run $RUN --redis-url redis://host:6379/0")
@@ -133,10 +147,19 @@ def build_parser() -> argparse.ArgumentParser:
                              "runs (with --run: only that run)")
 
     serve = _command(commands, "serve", "the REST API and live dashboard",
-                     "gemq serve --redis-url redis://host:6379/0 --port 8000")
+                     "gemq serve --redis-url redis://host:6379/0 --port 8000\n"
+                     "  gemq serve --local      # and a private Redis, an aggregator and "
+                     "workers: Start trains")
     add_redis(serve, required=True)
     serve.add_argument("--host", default=None, help="default 127.0.0.1; others need a token")
     serve.add_argument("--port", type=int, default=None, help="default 8000")
+    serve.add_argument("--local", action="store_true",
+                       help="instead of --redis-url: start a private Redis (in memory: its "
+                            "runs go when gemq serve stops), an aggregator service and a "
+                            "worker service beside the API, so that runs started from the "
+                            "dashboard train on this machine")
+    serve.add_argument("--workers", type=positive_int, default=DEFAULT_LOCAL_WORKERS,
+                       help="with --local: the worker service's workers")
 
     status = _command(commands, "status", "print a run's state and counters as JSON",
                       "gemq status --run $RUN --redis-url redis://host:6379/0")
@@ -167,9 +190,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
     simulate = add_simulate_parser(commands)
+    add_config(simulate)
     _verbose(simulate, default=argparse.SUPPRESS)
-    for each in (parser, run, create, aggregator, worker, status, serve, export, rm, simulate):
-        apply_env_defaults(each, os.environ)
+    # A bad GEMQ_ variable is an error of the commands that read it, raised once one runs
+    # (main): it must not break --help, nor the commands that have no such flag.
+    for name, each in (("", parser), ("run", run), ("create", create),
+                       ("aggregator", aggregator), ("worker", worker), ("status", status),
+                       ("serve", serve), ("export", export), ("rm", rm),
+                       ("simulate", simulate)):
+        if name:
+            parser.commands[name] = each
+        try:
+            apply_env_defaults(each, os.environ)
+        except ConfigError as e:
+            parser.env_errors[name] = e
     return parser
 
 
@@ -189,11 +223,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
         _complete(parser)
-        args = parser.parse_args(argv)
+        args = parser.parse_args(argv)  # --help answers here, whatever the environment
+        env_error = parser.env_errors.get("") or parser.env_errors.get(args.command)
+        if env_error is not None:
+            raise env_error
+        if getattr(args, "config", None) is not None:  # its values, under the flags given
+            given = sys.argv[1:] if argv is None else list(argv)
+            apply_config_file(parser.commands[args.command], args.config, given)
+            args = parser.parse_args(argv)
         service = (args.command == "serve" or getattr(args, "serve", False)
                    or getattr(args, "follow", False))
         if not service:  # a service sets up its logging from GEMQ_LOG_LEVEL and GEMQ_LOG_FORMAT
             logs.configure(logging.INFO if args.verbose else logging.WARNING)
+        if args.command in USER_CODE_COMMANDS:
+            _find_modules_in_the_working_directory()
         return int(COMMANDS[args.command](args) or 0)
     except ConfigError as e:
         print(f"gemq: error: {e}", file=sys.stderr)
@@ -207,6 +250,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Terminated as e:
         print(f"gemq: stopped by {e}", file=sys.stderr)
         return 128 + e.signum
+
+
+#: The commands that import a user's ``module:factory`` specs (the API never does).
+USER_CODE_COMMANDS = ("run", "create", "worker")
+
+
+def _find_modules_in_the_working_directory() -> None:
+    """``--model mymodels:net`` finds ./mymodels.py, as ``python -m`` would: the ``gemq``
+    script's own folder, not the working directory, heads sys.path. Appended, so a local
+    file never hides an installed package of the same name; worker processes inherit it."""
+    here = os.getcwd()
+    if not any(os.path.abspath(entry or ".") == here for entry in sys.path):
+        sys.path.append(here)
 
 
 def _require_url(args: argparse.Namespace) -> str:
@@ -229,11 +285,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
                         redis_url=args.redis_url, out_dir=args.out,
                         progress=not args.no_progress, device=args.device,
                         init_from=args.init_from, local_cluster=args.local_cluster,
-                        tensorboard=args.tensorboard,
+                        tensorboard=args.tensorboard, dashboard=args.dashboard,
                         **_run_settings(args))
     if args.json:
         summary.write_json(args.json)
     _print_summary(summary)
+    for problem in summary.problems:
+        print(f"gemq: warning: {problem}", file=sys.stderr)
+    if summary.problems and not args.accept_poor_result:
+        print(f"gemq: exit code {EXIT_POOR_RESULT}: the run's result is poor "
+              "(--accept-poor-result exits 0)", file=sys.stderr)
+        return EXIT_POOR_RESULT
     return 0
 
 
@@ -247,6 +309,9 @@ def _print_summary(s: RunSummary) -> None:
     print(f"updates: {s.updates_applied} applied, {rejected} rejected, {s.unused} unused "
           f"in {s.wall_time_s:.1f}s; mean staleness {s.staleness_mean:.1f}, "
           f"energy ratio {s.energy_ratio:.2f}")
+    if s.workers_joined:
+        print(f"workers: {s.workers} started here and {s.workers_joined} that joined from "
+              "elsewhere (workers of the same Redis: a worker service or gemq worker)")
     print(f"model:   {s.model_path}")
     print(f"summary: {s.summary_path}")
     print(f"curves:  {s.metrics_path}")
@@ -254,7 +319,7 @@ def _print_summary(s: RunSummary) -> None:
 
 def _cmd_create(args: argparse.Namespace) -> int:
     from gemq.running.runs import initial_state
-    from gemq.state.connection import connect
+    from gemq.state.connection import COMMAND_WAIT_S, connect
     from gemq.state.store import RunStore
     from gemq.training.data import load_dataset
 
@@ -264,7 +329,7 @@ def _cmd_create(args: argparse.Namespace) -> int:
     data = load_dataset(args.dataset)
     config = make_config(settings, train_samples=len(data.train))  # type: ignore[arg-type]
     layout, state = initial_state(config, data, args.init_from)  # before Redis is touched
-    client = connect(url)
+    client = connect(url, wait_s=COMMAND_WAIT_S)
     try:
         RunStore(client, config.run_id).create(config, layout, state)
     except RunExists as e:
@@ -327,8 +392,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from gemq.process import graceful_shutdown
     from gemq.state.connection import connect
     from gemq.state.store import RunStore
-    from gemq.training.worker import WorkerOptions, run_workers
+    from gemq.training.worker import WorkerOptions, resolve_device, run_workers
 
+    resolve_device(args.device)
     prefix = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
     ids = [prefix] if args.workers == 1 else [f"{prefix}-{i}" for i in range(args.workers)]
     if args.workers > 1:
@@ -347,10 +413,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def _run_client(args: argparse.Namespace) -> Iterator[tuple[str, Any]]:
     """The run id the command names and a client of its Redis, closed on the way out."""
-    from gemq.state.connection import connect
+    from gemq.state.connection import COMMAND_WAIT_S, connect
 
     run_id, url = _require_run(args), _require_url(args)
-    client = connect(url)
+    client = connect(url, wait_s=COMMAND_WAIT_S)
     try:
         yield run_id, client
     finally:
@@ -403,7 +469,29 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from gemq.services.api.app import serve
     from gemq.services.settings import ApiSettings, load
 
-    serve(load(ApiSettings, redis_url=args.redis_url, host=args.host, port=args.port))
+    if not args.local:
+        if not args.redis_url:
+            raise ConfigError("--redis-url", "required for 'gemq serve' (or set "
+                                             "GEMQ_REDIS_URL); or --local: a private Redis "
+                                             "with an aggregator and workers")
+        serve(load(ApiSettings, redis_url=args.redis_url, host=args.host, port=args.port))
+        return 0
+    if args.redis_url:
+        raise ConfigError("--local", "starts a private Redis: give it or --redis-url, not both")
+    from gemq import logs
+    from gemq.ports import check_port_free
+    from gemq.running.localservices import local_services
+    from gemq.services.api.app import check_binding
+
+    # The URL is the private Redis's, known once it runs.
+    settings = load(ApiSettings, redis_url="redis://127.0.0.1", host=args.host, port=args.port)
+    logs.configure(settings.log_level, settings.log_format)
+    # Before anything starts: a refused host or a taken port is one line, not a Redis and
+    # two services to stop.
+    check_binding(settings)
+    check_port_free(settings.host, settings.port, "choose another with --port")
+    with local_services(args.workers) as url:
+        serve(settings.model_copy(update={"redis_url": url}))
     return 0
 
 

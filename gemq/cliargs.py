@@ -12,12 +12,15 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any, NoReturn
 
 from gemq.config import BUDGET, USER_SETTINGS, Setting
 from gemq.errors import ConfigError
 
 EXIT_USAGE = 2
+#: gemq run's exit code for a run that finished with a poor result (gemq/records/verdict.py).
+EXIT_POOR_RESULT = 3
 ENV_PREFIX = "GEMQ_"
 
 
@@ -39,6 +42,10 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
+        #: The GEMQ_ variables it could not read, by command ("" for the program's own).
+        self.env_errors: dict[str, ConfigError] = {}
+        #: Its subcommands' parsers, by name.
+        self.commands: dict[str, argparse.ArgumentParser] = {}
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -48,6 +55,13 @@ def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
     return value
 
 
@@ -94,6 +108,12 @@ def settings_of(args: argparse.Namespace, groups: Iterable[str]) -> dict[str, An
     return {s.name: getattr(args, s.name) for s in USER_SETTINGS if s.group in wanted}
 
 
+def add_config(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, default=None, metavar="FILE",
+                        help="flags from a TOML file (key: the flag's name, e.g. lr = 0.05); "
+                             "flags given here win; a run's config.toml reads back")
+
+
 def add_redis(parser: argparse.ArgumentParser, required: bool) -> None:
     parser.add_argument("--redis-url", default=None,
                         help="redis://[user:password@]host:port/db, rediss:// for TLS"
@@ -128,10 +148,12 @@ def apply_env_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, st
         name = env_name(action)
         if name is None or name not in environ:
             continue
-        parser.set_defaults(**{action.dest: _convert(action, name, environ[name])})
+        parser.set_defaults(**{action.dest: convert_value(action, name, environ[name])})
 
 
-def _convert(action: argparse.Action, name: str, raw: str) -> object:
+def convert_value(action: argparse.Action, name: str, raw: str) -> object:
+    """``raw`` as ``action``'s option would read it; a ConfigError naming ``name`` (the
+    variable or file key it came from) if it cannot."""
     if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
         lowered = raw.strip().lower()
         if lowered not in {"1", "0", "true", "false", "yes", "no", "on", "off", ""}:

@@ -264,6 +264,26 @@ def budget_updates(epochs: float, train_samples: int, batch_size: int) -> int:
     return max(1, math.ceil(epochs * train_samples / batch_size))
 
 
+#: Fewer updates than this per worker, and a run is over before each worker has sent more
+#: than a handful of gradients: worth a note when the budget came from epochs.
+FEW_UPDATES_PER_WORKER = 10
+
+
+def short_budget_note(config: RunConfig, workers: int) -> str | None:
+    """A note for a budget of only a few updates per worker, or None.
+
+    Epochs count passes over the training set by all workers together, so
+    ``gemq simulate --workers 100 --epochs 1`` on 4,000 samples is 63 updates in all;
+    users who read an epoch as each worker's pass are surprised by the short run.
+    """
+    per_worker = config.budget_updates / workers
+    if workers < 2 or per_worker >= FEW_UPDATES_PER_WORKER:
+        return None
+    return (f"note: {config.budget_updates:,} updates in all, {per_worker:.1f} per worker for "
+            f"{workers} workers (epochs count passes over the training set by all workers "
+            "together); for a longer run raise --epochs or give --steps")
+
+
 def make_config(settings: Mapping[str, Any], *, train_samples: int) -> RunConfig:
     """The one way user settings become a validated RunConfig.
 

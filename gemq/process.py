@@ -10,6 +10,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -163,3 +164,16 @@ def _watch_parent(parent: int, signum: int) -> None:
         if os.getppid() != parent:
             os.kill(os.getpid(), signum)
             return
+
+
+def terminate(process: subprocess.Popen[bytes] | None, grace_s: float) -> None:
+    """SIGTERM a child we started and reap it; SIGKILL if it is still there after
+    ``grace_s``. Nothing to do for None or a child already gone."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

@@ -1,11 +1,12 @@
 """Shards: a run's flat state cut into contiguous ranges, each aggregated on its own.
 
 GEM is element-wise: an element's update depends only on its own gradient, moment, value
-and snapshot, and buffer changes are added element by element. Any partition of the flat
-state therefore gives the same result, shard by shard, as the whole vector at once
-(docs/design.md). Each shard has its own keys in Redis (gemq/state/keys.py: its own hash tag,
-which on a Redis Cluster gemq/state/placement.py chooses so the shards spread over the masters),
-its own gradient stream, versions, lease and commits, and its own aggregator.
+and snapshot, and a buffer element's on its own change, value, snapshot and momentum. Any
+partition of the flat state therefore gives the same result, shard by shard, as the whole
+vector at once (docs/design.md). Each shard has its own keys in Redis (gemq/state/keys.py:
+its own hash tag, which on a Redis Cluster gemq/state/placement.py chooses so the shards
+spread over the masters), its own gradient stream, versions, lease and commits, and its own
+aggregator.
 
 Cuts fall at tensor boundaries where that keeps the shards within a tenth of equal size,
 inside a tensor otherwise. No shard's values (its parameter snapshot, a gradient message)
@@ -17,6 +18,8 @@ from __future__ import annotations
 import builtins
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from gemq.errors import ConfigError
 from gemq.layout import ParamLayout, Tensor
@@ -51,6 +54,12 @@ class Shard:
     @property
     def slice(self) -> slice:
         return slice(self.start, self.stop)
+
+    def buffer_momenta(self, layout: ParamLayout) -> np.ndarray | None:
+        """The momentum of each buffer element this shard holds (ParamLayout.buffer_momenta),
+        in the order of the shard's vector after its parameters; None if all are 0."""
+        base = layout.param_size
+        return layout.buffer_momenta(self.param_stop - base, self.stop - base)
 
     def tensors(self, layout: ParamLayout) -> list[tuple[Tensor, builtins.slice]]:
         """The parameter tensors this shard holds part of, each with that part's range in

@@ -135,6 +135,11 @@ class AggregatorWorker(Worker):
     at once, with one line saying why. With one, the horse is sent SIGTERM (the job commits
     its batch, releases the lease and returns) and rq's warm shutdown runs as usual, under a
     deadline. The horse dies with the service in any case (PR_SET_PDEATHSIG).
+
+    None of this is rq's public API: the methods overridden here, the attributes read
+    (horse_pid, _stop_requested) and the horse's process group are rq's internals, as in
+    rq 3.0 (rq 2.x differs: see tests/test_rq_internals.py, which names each one and
+    checks it against the rq installed, so that a release that changes one fails there).
     """
 
     def __init__(self, *args: Any, redis_url: str, standby_stop: threading.Event,

@@ -12,7 +12,7 @@ import signal
 import threading
 
 import redis
-from rq import Queue, get_current_job
+from rq import Queue, Worker, get_current_job
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
 from rq.serializers import JSONSerializer
@@ -81,6 +81,18 @@ def job_state(client: redis.Redis, job_id: str | None) -> dict[str, str | None]:
         error = (latest.exc_string or "").strip().splitlines()[-1:] if latest else None
     return {"id": job_id, "state": status.value if status else None,
             "error": error[0] if error else None}
+
+
+def job_listeners(client: redis.Redis, job_id: str | None) -> int | None:
+    """How many rq workers (aggregator services) take jobs from the queue of ``job_id``;
+    None where there is no such job."""
+    if not job_id:
+        return None
+    try:
+        job = Job.fetch(job_id, connection=client, serializer=JSONSerializer)
+    except Exception:  # as in job_state: gone, or half-expired
+        return None
+    return Worker.count(connection=client, queue=queue(client, job.origin))
 
 
 def forget_job(client: redis.Redis, job_id: str | None) -> None:

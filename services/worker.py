@@ -20,7 +20,7 @@ from gemq.process import graceful_shutdown
 from gemq.state.connection import TRANSIENT_ERRORS, Backoff, connect, redact
 from gemq.state.store import RunState, RunStore, run_ids
 from gemq.telemetry import SILENT_WORKER, WorkerObserver
-from gemq.training.worker import WorkerOptions, run_workers
+from gemq.training.worker import WorkerOptions, resolve_device, run_workers
 
 from .probe import start_heartbeat
 from .settings import WorkerServiceSettings, load
@@ -42,6 +42,7 @@ def running_run(client: redis.Redis, only: str | None = None) -> str | None:
 
 def follow(settings: WorkerServiceSettings, shutdown: threading.Event) -> None:
     logs.configure(settings.log_level, settings.log_format)
+    resolve_device(settings.device)  # a wrong GEMQ_DEVICE: one line, before waiting for runs
     if settings.workers > 1:
         torch.set_num_threads(1)  # one thread per logical worker
     start_heartbeat(settings.heartbeat_file, stop=shutdown)

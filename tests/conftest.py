@@ -3,6 +3,7 @@ the container tests, gemq's images (built once a session) and a podman network."
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 
@@ -11,6 +12,33 @@ import redis
 
 from gemq.running.embedded import EmbeddedRedis
 from tests import podman
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``pytest -n 2 --dist loadgroup``; ``make test`` runs the rest of
+    the suite so and the container tests after it, alone): the container tests share
+    podman's container names, network label and image tags, so one process runs them all,
+    one after another. They go first: the longest block, started while the other process
+    takes everything else."""
+    if not getattr(config.option, "numprocesses", None):
+        return
+    for item in items:
+        if item.get_closest_marker("containers"):
+            item.add_marker(pytest.mark.xdist_group("podman"))
+    items.sort(key=lambda item: item.get_closest_marker("containers") is None)
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """A test that runs a command in-process (``cli.main``) sets up logging to the stderr
+    pytest captured for that test, which pytest closes afterwards: the root logger's
+    handlers and level go back to what they were, so a later test's records are not sent to
+    a closed stream."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture
@@ -53,3 +81,4 @@ def images() -> dict[str, podman.BuiltImage]:
     podman.require_podman()
     return {service: podman.build_image(service, f"localhost/gemq-{service}:test")
             for service in podman.IMAGES}
+

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import redis
+import torch
 
 from gemq import cli
 from gemq.aggregation.leadership import Leadership
@@ -34,11 +36,11 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def gemq(*args: str, env: dict[str, str] | None = None,
-         timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def gemq(*args: str, env: dict[str, str] | None = None, timeout: float = 60,
+         cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gemq", *args], capture_output=True,
                           text=True, env=env if env is not None else _clean_env(),
-                          timeout=timeout, check=False)
+                          timeout=timeout, check=False, cwd=cwd)
 
 
 def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -151,7 +153,7 @@ def test_bad_env_value() -> None:
 def test_bad_env_choice(monkeypatch: pytest.MonkeyPatch,
                         capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("GEMQ_ALGO", "nope")
-    line = assert_one_error(in_process(capsys, "status"), cli.EXIT_USAGE)
+    line = assert_one_error(in_process(capsys, "create"), cli.EXIT_USAGE)
     assert line == ("gemq: error: GEMQ_ALGO: must be one of gem, downpour, adaptive, "
                     "dcasgd, got 'nope'")
 
@@ -169,7 +171,8 @@ def test_unimportable_dataset_factory() -> None:
     line = assert_one_error(result, 1)
     assert line == ("gemq: error: dataset 'gemq_no_such_module:make': cannot import "
                     "'gemq_no_such_module': ModuleNotFoundError: No module named "
-                    "'gemq_no_such_module'")
+                    "'gemq_no_such_module' (run gemq from the folder that holds "
+                    "gemq_no_such_module, or add that folder to PYTHONPATH)")
 
 
 def test_dataset_module_that_raises_on_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -181,6 +184,97 @@ def test_dataset_module_that_raises_on_import(tmp_path: Path, monkeypatch: pytes
     line = assert_one_error(result, 1)
     assert line == ("gemq: error: dataset 'gemq_cli_boom:make': cannot import "
                     "'gemq_cli_boom': RuntimeError: boom at import")
+
+
+def test_a_dataset_factory_that_raises_is_one_line_saying_where(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "gemq_cli_raises.py").write_text(
+        "def make():\n    raise ValueError('no data here')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    result = in_process(capsys, "run", "--dataset", "gemq_cli_raises:make", "--steps", "5",
+                        "--no-progress")
+    line = assert_one_error(result, 1)
+    assert line == ("gemq: error: dataset 'gemq_cli_raises:make' raised ValueError: no data "
+                    "here (gemq_cli_raises.py, line 2, in make)")
+    assert not (tmp_path / "runs").exists()
+
+
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+
+
+@pytest.mark.parametrize(("device", "message"), [
+    ("gpu", "device: unknown device 'gpu': use auto, cpu or cuda[:N]"),
+    ("mps", "device: unknown device 'mps': use auto, cpu or cuda[:N]"),
+    pytest.param("cuda", "device: cuda: CUDA is not available on this machine (use cpu or "
+                 "auto)", marks=NO_CUDA),
+    pytest.param("cuda:1", "device: cuda:1: CUDA is not available on this machine (use cpu "
+                 "or auto)", marks=NO_CUDA),
+])
+@pytest.mark.parametrize("command", ["run", "worker"])
+def test_a_device_that_cannot_work_is_one_line_before_anything_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        command: str, device: str, message: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = (["--steps", "5", "--no-progress"] if command == "run"
+            else ["--run", "r", "--redis-url", "redis://127.0.0.1:1"])
+    result = in_process(capsys, command, "--device", device, *args)
+    line = assert_one_error(result, 2)
+    assert line == f"gemq: error: {message}"
+    assert list(tmp_path.iterdir()) == []  # no run folder, no Redis started
+
+
+def test_a_negative_process_count_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    result = in_process(capsys, "run", "--worker-processes", "-3", "--steps", "5")
+    line = assert_one_error(result, 2)
+    assert "--worker-processes: must be 0 or more, got -3" in line
+
+
+@pytest.mark.parametrize("where", [("--run", "myexp"), ("--out", "runs/myexp")],
+                         ids=["--run", "--out"])
+def test_a_second_run_of_one_name_refuses_to_overwrite_the_first(
+        tmp_path: Path, where: tuple[str, str]) -> None:
+    first = tmp_path / "runs" / "myexp"
+    first.mkdir(parents=True)
+    (first / "summary.json").write_text("{}")
+    (first / "model.pt").write_bytes(b"the first run's model")
+    result = gemq("run", *where, "--steps", "5", "--no-progress", cwd=tmp_path)
+    line = assert_one_error(result, 1)
+    assert line == ("gemq: error: runs/myexp already holds a run's results (model.pt, "
+                    "summary.json); give another --run or --out, or move that folder away")
+    assert (first / "model.pt").read_bytes() == b"the first run's model"
+    assert sorted(p.name for p in first.iterdir()) == ["model.pt", "summary.json"]
+
+
+def test_serve_needs_a_redis_url(capsys: pytest.CaptureFixture[str],
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """No silent attachment to whatever answers on 127.0.0.1:6379."""
+    monkeypatch.delenv("GEMQ_REDIS_URL", raising=False)
+    result = in_process(capsys, "serve", "--port", str(free_port()))
+    line = assert_one_error(result, 2)
+    assert line == ("gemq: error: --redis-url: required for 'gemq serve' (or set "
+                    "GEMQ_REDIS_URL); or --local: a private Redis with an aggregator and "
+                    "workers")
+
+
+def test_serve_local_and_a_redis_url_exclude_each_other(capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    result = in_process(capsys, "serve", "--local", "--redis-url", "redis://127.0.0.1:1")
+    line = assert_one_error(result, 2)
+    assert line == ("gemq: error: --local: starts a private Redis: give it or --redis-url, "
+                    "not both")
+
+
+def test_serve_on_a_port_in_use_is_one_line(redis_server: EmbeddedRedis) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = gemq("serve", "--redis-url", redis_server.url, "--port", str(port))
+    line = assert_one_error(result, 1)
+    assert line == (f"gemq: error: cannot listen on 127.0.0.1:{port}: Address already in use "
+                    "(another gemq serve? choose a port with --port or GEMQ_PORT)")
 
 
 def test_unknown_model_writes_nothing(redis_server: EmbeddedRedis,
@@ -266,8 +360,28 @@ def test_unreachable_redis_names_the_url_without_its_password() -> None:
         connect(url, wait_s=1)
     assert time.monotonic() - started < 5
     message = str(info.value)
-    assert message.startswith(f"cannot reach Redis at redis://:***@127.0.0.1:{port} after ")
+    assert message.startswith(f"cannot reach Redis at redis://:***@127.0.0.1:{port} within 1 s (")
     assert "secret" not in message
+
+
+@pytest.mark.parametrize("command", [("run", "--steps", "10", "--out", "out"),
+                                     ("status", "--run", "r")], ids=["run", "status"])
+def test_an_unreachable_redis_is_one_warning_then_one_error_naming_the_fix(
+        tmp_path: Path, command: tuple[str, ...]) -> None:
+    """A wrong --redis-url: one warning saying how long gemq waits, then one error line with
+    what to check; nothing written before it (it used to be 31 s and 18 warnings)."""
+    url = f"redis://127.0.0.1:{free_port()}"
+    result = gemq(*command, "--redis-url", url, cwd=tmp_path)
+    assert "Traceback" not in result.stderr and result.returncode == 1, result.stderr
+    warning, error = result.stderr.splitlines()
+    assert warning.endswith(f"WARNING gemq.state.connection: Redis at {url} not reachable "
+                            "(Error 111 connecting to 127.0.0.1:{}. Connection refused.); "
+                            "waiting up to 5 s".format(url.rsplit(":", 1)[1]))
+    assert re.fullmatch(
+        rf"gemq: error: cannot reach Redis at {url} within 5 s \(\d+ attempts\): .*Connection "
+        r"refused\. Check that a Redis server runs there and that --redis-url \(or "
+        r"GEMQ_REDIS_URL\) names it", error), error
+    assert not (tmp_path / "out").exists()
 
 
 def test_invalid_url_is_refused_without_its_password() -> None:
@@ -372,10 +486,23 @@ def test_os_environ_becomes_defaults_of_every_command(monkeypatch: pytest.Monkey
 def test_main_reports_bad_env_in_process(monkeypatch: pytest.MonkeyPatch,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("GEMQ_MAX_PENDING", "-3")
-    assert cli.main(["status", "--run", "r"]) == cli.EXIT_USAGE
+    assert cli.main(["create", "--run", "r"]) == cli.EXIT_USAGE
     err = capsys.readouterr().err
     assert err == "gemq: error: GEMQ_MAX_PENDING: invalid value '-3': must be in [1, 1e+06], " \
                   "got -3\n"
+
+
+def test_a_bad_variable_breaks_only_the_commands_that_read_it() -> None:
+    """GEMQ_NO_PROGRESS=maybe used to fail every command, --help included."""
+    env = _clean_env(GEMQ_NO_PROGRESS="maybe")
+    for help_ in (["--help"], ["run", "--help"], ["status", "--help"]):
+        shown = gemq(*help_, env=env)
+        assert shown.returncode == 0 and shown.stdout.startswith("usage: gemq"), shown.stderr
+    line = assert_one_error(gemq("run", env=env), cli.EXIT_USAGE)
+    assert line == "gemq: error: GEMQ_NO_PROGRESS: expected true or false, got 'maybe'"
+    # status has no --no-progress: its own error, the missing run, is the one it reports.
+    line = assert_one_error(gemq("status", env=env), cli.EXIT_USAGE)
+    assert line.startswith("gemq: error: --run: required for 'gemq status'")
 
 
 def test_env_can_supply_the_run_of_a_command(monkeypatch: pytest.MonkeyPatch) -> None:

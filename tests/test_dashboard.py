@@ -8,6 +8,8 @@ Run it alone with ``pytest -m browser``. Chromium comes from ``.ci/install-brows
 from __future__ import annotations
 
 import os
+import re
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +20,7 @@ import pytest
 from playwright.sync_api import ConsoleMessage, Dialog, Page, sync_playwright
 
 from gemq.running.embedded import EmbeddedRedis, free_port
-from tests.helpers import GemqProcess, wait_for
+from tests.helpers import GemqProcess, session, wait_for
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -135,7 +137,10 @@ def _watch_and_stop(page: Page, api: httpx.Client, api_url: str, errors: list[st
         "'#workers-table tbody tr[data-worker-id][data-active=true]').length === 2",
         timeout=30_000)
     assert page.locator("#energy-chart polyline").count() >= 1
-    assert page.locator("#energy-chart line.ref").count() == 1  # the compliance line at 1
+    assert page.locator("#energy-chart line.ref:not(.legend-ref)").count() == 1  # at 1
+    # Its label is in the legend, not on the plot where the ratio's lines run.
+    assert page.locator("#energy-chart text.ref-label").count() == 0
+    assert "1 = compliance" in page.locator("#energy-chart text.legend").all_text_contents()
     page.wait_for_function("Number(document.querySelector('#rate-chart').dataset.points) >= 2"
                            " && Number(document.querySelector('#pi-heatmap').dataset.columns)"
                            " >= 2", timeout=15_000)
@@ -145,11 +150,19 @@ def _watch_and_stop(page: Page, api: httpx.Client, api_url: str, errors: list[st
     assert page.locator(".shard-note:visible").count() == 0
     assert page.text_content("#run-state") == "running"
     assert page.locator(f'#run-list li[data-run-id="{RUN}"]').count() == 1
-    assert page.get_attribute("#connection", "data-state") == "live"
+    page.wait_for_function("document.querySelector('#connection').dataset.state === 'live'",
+                           timeout=15_000)
     ids = {w["worker_id"] for w in api.get(f"/api/runs/{RUN}").json()["workers"]}
     shown = set(page.locator("#workers-table tbody tr[data-worker-id]")
                 .evaluate_all("rows => rows.map(r => r.dataset.workerId)"))
     assert shown == ids and len(ids) == 2
+    # Every number on the page says what it is: a tooltip on each tile and numeric column.
+    unexplained = page.evaluate(
+        "[...document.querySelectorAll('#stats dt, #shards-table th.num, #workers-table th.num')]"
+        ".filter(e => !e.title.trim()).map(e => e.textContent)")
+    assert unexplained == []
+    assert "1 when compliant" in (page.get_attribute("#stats dt:has(+ #stat-energy)", "title")
+                                  or "")
 
     # A start only the API can refuse (the form cannot know the datasets): the token is
     # asked for (401), kept, and the 422's detail is shown.
@@ -178,6 +191,54 @@ def _watch_and_stop(page: Page, api: httpx.Client, api_url: str, errors: list[st
     assert page.evaluate("window.gemqNoReload") is True
     assert page.is_hidden("#error-banner")
     page.screenshot(path=str(ARTIFACTS / "dashboard-stopped.png"), full_page=True)
+    _check_zoom_and_log_axis(page)  # on a stopped run: its range of updates stays put
+
+
+def _check_zoom_and_log_axis(page: Page) -> None:
+    """The loss axis turns logarithmic and back; a drag across one chart zooms every chart
+    of the run on that range of updates; Reset zoom and a double-click undo it."""
+    page.click("#loss-log")
+    page.wait_for_function("document.querySelector('#loss-chart').dataset.scale === 'log'",
+                           timeout=5_000)
+    assert page.get_attribute("#loss-log", "aria-pressed") == "true"
+    page.click("#loss-log")
+    page.wait_for_function("document.querySelector('#loss-chart').dataset.scale === 'linear'",
+                           timeout=5_000)
+
+    def x_ranges() -> list[tuple[float, float]]:
+        return [(float(page.get_attribute(f"#{chart}", "data-x-from") or "nan"),
+                 float(page.get_attribute(f"#{chart}", "data-x-to") or "nan"))
+                for chart in ("loss-chart", "energy-chart", "rate-chart", "staleness-chart")]
+
+    # The plot's place on the page, read in one go: the live run redraws the chart (and
+    # replaces its elements) many times a second, in the same place.
+    box = page.evaluate("(() => { const r = document.querySelector('#loss-chart rect.overlay')"
+                        ".getBoundingClientRect(); return {x: r.x, y: r.y, width: r.width, "
+                        "height: r.height}; })()")
+    full = x_ranges()[0]
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + 0.3 * box["width"], y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + 0.6 * box["width"], y, steps=5)
+    page.mouse.up()
+    page.wait_for_selector("#zoom-reset:not([hidden])", timeout=5_000)
+    zoomed = x_ranges()
+    assert len(set(zoomed)) == 1, zoomed  # every chart on the same range
+    low, high = zoomed[0]
+    width = full[1] - full[0]
+    assert abs(low - (full[0] + 0.3 * width)) < 0.05 * width, (full, zoomed)
+    assert abs(high - (full[0] + 0.6 * width)) < 0.05 * width, (full, zoomed)
+    assert (page.text_content("#zoom-hint") or "").startswith("updates ")
+    page.click("#zoom-reset")
+    page.wait_for_selector("#zoom-reset[hidden]", state="attached", timeout=5_000)
+    assert page.text_content("#zoom-hint") == "drag across a chart to zoom"
+    page.mouse.move(box["x"] + 0.2 * box["width"], y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + 0.5 * box["width"], y, steps=5)
+    page.mouse.up()
+    page.wait_for_selector("#zoom-reset:not([hidden])", timeout=5_000)
+    page.mouse.dblclick(box["x"] + 0.5 * box["width"], y)
+    page.wait_for_selector("#zoom-reset[hidden]", state="attached", timeout=5_000)
 
 
 def _number(text: str | None) -> float | None:
@@ -270,3 +331,132 @@ def _start_from_form(page: Page, api: httpx.Client, dialogs: list[tuple[str, str
                            arg=run_id, timeout=15_000)
     page.screenshot(path=str(ARTIFACTS / "dashboard-started.png"), full_page=True)
     return run_id
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_gemq_run_dashboard_shows_the_run_and_stays_until_ctrl_c(tmp_path: Path) -> None:
+    """One command: `gemq run --dashboard PORT` trains on its private Redis, serves the
+    dashboard for the run, keeps it up after the run ends, and goes on Ctrl-C."""
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"{CHROMIUM} is missing: run .ci/install-browser (apt-get install chromium)")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    process = GemqProcess("run", "--model", "logreg", "--dataset", "digits", "--steps", "3000",
+                          "--no-progress", "--dashboard", str(port), "--out",
+                          str(tmp_path / "run"))
+    try:
+        wait_for(lambda: f"dashboard at {url}" in process.output(), timeout_s=120,
+                 what=f"the dashboard's address: {process.output()}")
+        run_id = re.search(r"run (\S+): dashboard at", process.output()).group(1)  # type: ignore[union-attr]
+        with _browser_page("gemq-run-dashboard") as (page, errors):
+            page.goto(url)
+            page.wait_for_function(  # the page picks the one run by itself
+                "run => document.querySelector('#run-title').textContent === run",
+                arg=run_id, timeout=30_000)
+            page.wait_for_function(
+                "Number(document.querySelector('#loss-chart').dataset.points) >= 3",
+                timeout=60_000)
+            wait_for(lambda: "until Ctrl-C" in process.output(), timeout_s=120,
+                     what="the end of the run")
+            assert re.search(rf"run {run_id} finished, test accuracy \d+\.\d%; the dashboard "
+                             rf"stays at {re.escape(url)} until Ctrl-C", process.output())
+            page.wait_for_function("document.querySelector('#run-state').textContent"
+                                   " === 'finished'", timeout=30_000)
+            assert errors == []
+        os.killpg(process.process.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole group
+        assert process.wait(30) == 0, process.output()
+        assert "test accuracy:" in process.output()  # the summary, printed on the way out
+        assert (tmp_path / "run" / "model.pt").is_file()
+        wait_for(lambda: session(process.process.pid) == [], timeout_s=20,
+                 what="gemq run's processes to end")
+    finally:
+        process.stop()
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_gemq_serve_local_trains_what_the_start_button_starts() -> None:
+    """One command, nothing else set up: `gemq serve --local` starts a private Redis, an
+    aggregator service and a worker service beside the API; a run started from the form
+    trains to its end; Ctrl-C to the terminal's group stops everything."""
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"{CHROMIUM} is missing: run .ci/install-browser (apt-get install chromium)")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    process = GemqProcess("serve", "--local", "--port", str(port))
+    try:
+        wait_for(lambda: "worker service" in process.output()
+                 and "Uvicorn running" in process.output(), timeout_s=120,
+                 what=f"the API and the worker service: {process.output()}")
+        with _browser_page("serve-local") as (page, errors):
+            dialogs: list[tuple[str, str]] = []
+            _answer_dialogs(page, dialogs)
+            page.goto(url)
+            page.wait_for_selector("#start-form:not([aria-busy]) #f-algo", timeout=15_000)
+            page.fill("#f-model", "logreg")
+            page.fill("#f-dataset", "digits")
+            page.select_option("#f-budget-kind", "steps")
+            page.fill("#f-budget", "300")
+            page.click("#start-button")
+            page.wait_for_function(
+                "document.querySelector('#form-message').textContent.startsWith('Started ')",
+                timeout=15_000)
+            run_id = (page.text_content("#form-message") or "").removeprefix("Started ")
+            page.wait_for_function(
+                "run => document.querySelector('#run-title').textContent === run",
+                arg=run_id, timeout=15_000)
+            page.wait_for_function("document.querySelector('#run-state').textContent"
+                                   " === 'finished'", timeout=120_000)
+            assert page.text_content("#stat-updates") == "300"
+            assert dialogs == []  # loopback without a token: nothing to ask
+            assert errors == []
+            page.screenshot(path=str(ARTIFACTS / "serve-local.png"), full_page=True)
+        os.killpg(process.process.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole group
+        assert process.wait(60) == 0, process.output()
+        wait_for(lambda: session(process.process.pid) == [], timeout_s=30,
+                 what="gemq serve's Redis and services to end")
+        assert "exited (code" not in process.output()  # no service died on its own
+    finally:
+        process.stop()
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_run_waiting_for_a_missing_service_says_which(redis_server: EmbeddedRedis) -> None:
+    """The API alone: a started run's job waits in the queue, and the page says no
+    aggregator service takes it; with one, the run waits for workers and the page says
+    that; with a worker, the notice goes and the run trains to its end."""
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"{CHROMIUM} is missing: run .ci/install-browser (apt-get install chromium)")
+    url, port = redis_server.url, free_port()
+    processes = [GemqProcess("serve", "--redis-url", url, "--port", str(port))]
+    base = f"http://127.0.0.1:{port}"
+    notice = "document.querySelector('#run-waiting')"
+    try:
+        wait_for(lambda: "Uvicorn running" in processes[0].output(), timeout_s=60,
+                 what=f"the API: {processes[0].output()}")
+        created = httpx.post(base + "/api/runs", timeout=30, json={
+            "run_id": "waits", "model": "logreg", "dataset": "digits", "steps": 200})
+        assert created.status_code == 201, created.text
+        with _browser_page("run-waiting") as (page, errors):
+            page.goto(base + "/")
+            page.wait_for_function(f"!{notice}.hidden && {notice}.textContent.startsWith("
+                                   "'No aggregator service takes jobs')", timeout=30_000)
+            page.screenshot(path=str(ARTIFACTS / "run-waiting.png"), full_page=True)
+            processes.append(GemqProcess("aggregator", "--serve", "--redis-url", url))
+            page.wait_for_function(  # running, and no worker for the API's active window
+                f"!{notice}.hidden && {notice}.textContent === 'No worker is training this "
+                "run: start workers (gemq worker --follow, or gemq worker --run waits).'",
+                timeout=90_000)
+            processes.append(GemqProcess("worker", "--follow", "--redis-url", url))
+            page.wait_for_function("document.querySelector('#run-state').textContent"
+                                   " === 'finished'", timeout=120_000)
+            assert page.is_hidden("#run-waiting")
+            assert errors == []
+    finally:
+        for process in processes:
+            process.stop()

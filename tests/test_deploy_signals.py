@@ -36,6 +36,15 @@ def _worker_service(url: str, tmp_path: Path, name: str) -> subprocess.Popen[byt
     return _start([str(BIN / "gemq"), "worker", "--follow"], env, tmp_path / f"{name}.log")
 
 
+#: Kubernetes gives a worker pod 30 s from SIGTERM to SIGKILL (k8s/base/worker.yaml). The
+#: bounds below are fractions of it, not speeds: an idle core does each in about a second, a
+#: loaded one in a few; a worker that waited for its run to end, or for room in a full
+#: stream, would not leave at all.
+GRACE_S = 30
+LEAVES_WITHIN_S = GRACE_S / 6  # from SIGTERM to the work loop's exit
+EXITS_WITHIN_S = GRACE_S / 2  # from SIGTERM to the process's exit (torch's teardown too)
+
+
 def _left_the_run_s(log: Path, signalled: float) -> float:
     """Seconds from SIGTERM to the worker service's "run ... over for us" log line: the
     work loop's exit. The rest of the exit is Python tearing torch down (about a second
@@ -68,8 +77,8 @@ def test_a_worker_finishes_its_gradient_and_leaves_on_sigterm(redis_server: Embe
         signalled = time.time()
         code, seconds = _sigterm(worker)
         assert code == 0, (tmp_path / "worker.log").read_text()
-        assert _left_the_run_s(tmp_path / "worker.log", signalled) < 1.0
-        assert seconds < 5, f"took {seconds:.1f}s"
+        assert _left_the_run_s(tmp_path / "worker.log", signalled) < LEAVES_WITHIN_S
+        assert seconds < EXITS_WITHIN_S, f"took {seconds:.1f}s"
         # Whatever it published was a whole, valid gradient, and the aggregator applied it.
         wait_for(lambda: store.counters().get("applied") == store.counters()["published"],
                  timeout_s=30, what="the last gradients to be applied")
@@ -99,8 +108,8 @@ def test_a_waiting_worker_leaves_at_once_on_sigterm(redis_server: EmbeddedRedis,
         time.sleep(0.5)  # well into its wait loop
         signalled = time.time()
         code, seconds = _sigterm(worker)
-        assert code == 0 and seconds < 5, f"code {code} after {seconds:.1f}s"
-        assert _left_the_run_s(tmp_path / "worker.log", signalled) < 1.0
+        assert code == 0 and seconds < EXITS_WITHIN_S, f"code {code} after {seconds:.1f}s"
+        assert _left_the_run_s(tmp_path / "worker.log", signalled) < LEAVES_WITHIN_S
         entries = client.xrange(store.keys.gradients)
         layout = store.layout()
         expected = codec.Expected("waiting", layout.layout_id, layout.size, "float32", 0)
@@ -134,8 +143,12 @@ def test_workers_join_and_leave_a_running_run(redis_server: EmbeddedRedis,
     assert record.final_state == "stopped"
     assert record.longest_pause_s < 3.0, record.longest_pause_s
     assert not [k for k in record.counters if k.startswith("rejected")], record.counters
+    # Every phase kept up a tenth of the fastest phase's rate (a stalled one would be near
+    # zero): a ratio, since a loaded machine slows every phase alike. Measured at load 5 on
+    # 2 cores: 12.7, 53.1 and 22.9 updates/s, longest pause 0.16 s.
+    fastest = max(p.updates_per_s for p in record.phases)
     for phase in record.phases:
-        assert phase.updates_per_s > 5, phase
+        assert phase.updates_per_s > fastest / 10, phase
 
     # Staleness follows the worker count: from n - 1 (the paper's round-robin value) to n
     # (a gemq worker does not wait for its own gradient to be applied, so that one counts
@@ -165,8 +178,8 @@ def test_workers_join_and_leave_a_running_run(redis_server: EmbeddedRedis,
     left = {w: v for w, v in record.workers.items() if v["left_s"] is not None}
     assert len(left) == 5
     assert sorted(e["worker_id"] for e in record.exits) == sorted(left)
-    for gone in record.exits:
-        assert gone["code"] == 0 and gone["exit_s"] < 15, gone
+    for gone in record.exits:  # five at once on two cores: 6.6 s at most at load 5
+        assert gone["code"] == 0 and gone["exit_s"] < GRACE_S, gone
     for worker_id, seen in left.items():  # silent since it left (its last publish counts)
         assert float(seen["heartbeat_s"] or 0) <= float(seen["left_s"] or 0) + 15, seen
         assert seen["steps"] == seen["applied"], (worker_id, seen)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,7 +28,7 @@ SUMMARY_KEYS = {
     "staleness_mean", "staleness_max", "energy_ratio", "median_pi", "wall_time_s",
     "train_loss", "train_accuracy", "test_loss", "test_accuracy", "parameters",
     "test_samples", "workers", "config", "model_path", "summary_path", "updates_per_s",
-    "shards"}
+    "shards", "workers_joined"}
 
 
 def test_gemq_run_trains_the_paper_cnn(tmp_path: Path) -> None:
@@ -79,13 +80,18 @@ def test_a_local_run_loads_its_dataset_once_in_the_main_process(tmp_path: Path) 
     out = subprocess.run(
         [sys.executable, "-m", "gemq", "run", "--model", "counting:net", "--dataset",
          "counting:data", "--epochs", "2", "--workers", "2", "--worker-processes", "2",
-         "--out", str(tmp_path / "run"), "--no-progress"],
+         "--out", str(tmp_path / "run"), "--no-progress",
+         "--accept-poor-result"],  # ten updates: what is counted is the factory's calls
         capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert sorted(calls.read_text().split()) == ["child", "child", "main"]
 
 
-def test_ctrl_c_stops_everything_and_the_private_redis(tmp_path: Path) -> None:
+@pytest.mark.parametrize("to_the_group", [False, True], ids=["to-gemq", "to-the-group"])
+def test_ctrl_c_stops_everything_and_the_private_redis(tmp_path: Path,
+                                                       to_the_group: bool) -> None:
+    """SIGINT to `gemq run` alone, and to its whole process group, as a terminal's Ctrl-C
+    sends it: either way the private Redis lives until the model is saved from it."""
     process = GemqProcess("run", "--workers", "2", "--epochs", "200", "--out",
                           str(tmp_path / "run"))
     try:
@@ -94,7 +100,12 @@ def test_ctrl_c_stops_everything_and_the_private_redis(tmp_path: Path) -> None:
         wait_for(lambda: _python_children(process.process.pid) >= 3, timeout_s=60,
                  what="aggregator and workers")
         children = _descendants(process.process.pid)
-        process.send_signal(signal.SIGINT)
+        wait_for(lambda: _rows(tmp_path / "run" / "metrics.csv") >= 3, timeout_s=120,
+                 what="three metrics rows")
+        if to_the_group:  # GemqProcess starts gemq in a session, so a group, of its own
+            os.killpg(process.process.pid, signal.SIGINT)
+        else:
+            process.send_signal(signal.SIGINT)
         try:
             code = process.wait(60)
         except subprocess.TimeoutExpired:
@@ -103,10 +114,18 @@ def test_ctrl_c_stops_everything_and_the_private_redis(tmp_path: Path) -> None:
                         f"{tree}\nits output:\n{process.output()}")
         assert code == 130, process.output()
         assert "Traceback" not in process.output()
+        assert "could not save the model" not in process.output()
+        saved = re.search(r"saved the model as of update (\d+)", process.output())
+        assert saved and int(saved.group(1)) > 0, process.output()
+        assert (tmp_path / "run" / "model.pt").is_file()
         wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in children),
                  timeout_s=20, what="children gone")
     finally:
         process.stop()
+
+
+def _rows(csv: Path) -> int:
+    return max(len(csv.read_text().splitlines()) - 1, 0) if csv.exists() else 0
 
 
 def _descendants(pid: int) -> list[int]:
@@ -193,3 +212,61 @@ def test_the_residual_cnn_trains_through_gemq_run(tmp_path: Path) -> None:
     state = torch.load(summary["model_path"], weights_only=True)
     model.load_state_dict(state)  # buffers included: running statistics and batch counts
     assert int(state["stem.1.num_batches_tracked"]) == 625
+
+
+def test_the_summary_counts_workers_that_joined_from_elsewhere(
+        tmp_path: Path, redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
+    """On a shared Redis, workers of the same Redis may join a run that gemq run started
+    (here ``gemq worker --run``); the summary says how many."""
+    run = GemqProcess("run", "--model", "logreg", "--dataset", "digits", "--workers", "1",
+                      "--steps", "1000000", "--run", "shared", "--redis-url", redis_server.url,
+                      "--out", str(tmp_path / "run"), "--json", str(tmp_path / "s.json"),
+                      "--no-progress")
+    try:
+        store = RunStore(redis_client, "shared")
+        wait_for(store.exists, timeout_s=120, what="the run")
+        joined = GemqProcess("worker", "--run", "shared", "--redis-url", redis_server.url,
+                             "--worker-id", "elsewhere")
+        try:
+            wait_for(lambda: store.registered(["elsewhere"]) == [True], timeout_s=120,
+                     what="the joined worker's first gradient")
+            store.request_stop()  # as the dashboard's Stop does
+            assert run.wait(timeout=120) == 0, run.output()
+            assert joined.wait(timeout=60) == 0, joined.output()
+            printed = run.output()
+        finally:
+            joined.stop()
+    finally:
+        run.stop()
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert (summary["state"], summary["workers"], summary["workers_joined"]) == ("stopped", 1, 1)
+    assert ("workers: 1 started here and 1 that joined from elsewhere (workers of the same "
+            "Redis: a worker service or gemq worker)") in printed
+
+
+def test_a_run_that_learnt_nothing_ends_with_a_warning_and_exit_code_3(tmp_path: Path) -> None:
+    """Three updates at a learning rate of 1e-6: the run finishes, at chance accuracy. gemq
+    run says why the result is poor and exits 3; --accept-poor-result keeps the warning and
+    exits 0. Either way the model and the summary are written."""
+    def run(*flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gemq", "run", "--model", "logreg", "--dataset", "digits",
+             "--steps", "3", "--lr", "1e-6", "--workers", "2", "--no-progress", *flags],
+            cwd=tmp_path, capture_output=True, text=True, timeout=240, check=False)
+
+    poor = run("--run", "poor")
+    assert poor.returncode == 3, poor.stderr
+    warning, exit_line = poor.stderr.splitlines()[-2:]
+    assert re.fullmatch(r"gemq: warning: test accuracy \d+\.\d% is no better than always "
+                        r"answering the most common class \(\d+\.\d% of the 360 held-out "
+                        r"samples\)", warning), warning
+    assert exit_line == ("gemq: exit code 3: the run's result is poor "
+                         "(--accept-poor-result exits 0)")
+    summary = json.loads((tmp_path / "runs/poor/summary.json").read_text())
+    assert summary["state"] == "finished"
+    assert summary["problems"] == [warning.removeprefix("gemq: warning: ")]
+    assert (tmp_path / "runs/poor/model.pt").exists()
+
+    accepted = run("--run", "accepted", "--accept-poor-result")
+    assert accepted.returncode == 0, accepted.stderr
+    assert accepted.stderr.splitlines()[-1].startswith("gemq: warning: test accuracy ")

@@ -184,7 +184,8 @@ def test_a_150m_parameter_model_trains_end_to_end_in_ten_shards_within_a_memory_
                "--max-pending", str(E2E_MAX_PENDING),
                "--snapshot-budget-mb", str(E2E_KEPT * SHARD_MB), "--lr", "0.01",
                "--redis-url", redis_server.url, "--run", "big-e2e", "--out", str(tmp_path),
-               "--no-progress", "--json", str(summary_path)]
+               "--no-progress", "--json", str(summary_path),
+               "--accept-poor-result"]  # 30 updates: a memory test, not a learning one
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=880)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(summary_path.read_text())

@@ -397,7 +397,9 @@ def test_missing_module() -> None:
         load_dataset("gemq_no_such_module_zz:make")
     assert str(info.value) == ("dataset 'gemq_no_such_module_zz:make': cannot import "
                                "'gemq_no_such_module_zz': ModuleNotFoundError: No module "
-                               "named 'gemq_no_such_module_zz'")
+                               "named 'gemq_no_such_module_zz' (run gemq from the folder "
+                               "that holds gemq_no_such_module_zz, or add that folder to "
+                               "PYTHONPATH)")
 
 
 def test_not_callable(factories: str) -> None:

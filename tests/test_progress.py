@@ -21,8 +21,9 @@ def test_a_run_of_one_shard_shows_its_latest_rows_numbers(redis_client: redis.Re
     (_, row), = store.latest_metrics(1)
     assert progress.bar is not None and progress.bar.n == 8
     assert progress._postfix() == (
-        f"loss={progress.loss:.3f} energy={float(row['energy_ratio']):.2f} "
-        f"tau={float(row['staleness_mean']):.1f} pi={float(row['median_pi']):.2f} workers=1")
+        f"loss={progress.loss:.3f} energy_ratio={float(row['energy_ratio']):.2f} "
+        f"staleness={float(row['staleness_mean']):.1f} median_pi={float(row['median_pi']):.2f} "
+        "workers=1")
     progress.close()
     assert "8/9" in capsys.readouterr().err
 
@@ -38,8 +39,8 @@ def test_a_sharded_runs_bar_is_its_slowest_shard_and_its_energies_are_summed(
     assert progress.bar is not None and progress.bar.n == 7  # the run's: its slowest shard
     overall = combine.overall(table)
     low, high = overall["median_pi_range"]
-    numbers = (f"energy={overall['energy_ratio']:.2f} tau={overall['staleness_mean']:.1f} "
-               f"pi={low:.2f}-{high:.2f}")
+    numbers = (f"energy_ratio={overall['energy_ratio']:.2f} "
+               f"staleness={overall['staleness_mean']:.1f} median_pi={low:.2f}-{high:.2f}")
     assert progress._postfix() == f"loss={progress.loss:.3f} {numbers} workers=1"
     assert f"{table[0]['energy_ratio']:.2f}" != f"{overall['energy_ratio']:.2f}"  # not shard 0's
     progress.close()

@@ -23,10 +23,12 @@ def code_block(starting_with: str) -> str:
 
 
 def example_env(tmp_path: Path) -> dict[str, str]:
+    """A folder holding the README's mymodels.py, and the environment of a reader who
+    runs the examples from it: no PYTHONPATH."""
     (tmp_path / "mymodels.py").write_text(code_block("# mymodels.py"))
     gemq_bin = str(Path(sys.executable).parent)
-    return {**os.environ, "PYTHONPATH": str(tmp_path),
-            "PATH": gemq_bin + os.pathsep + os.environ["PATH"]}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return {**env, "PATH": gemq_bin + os.pathsep + os.environ["PATH"]}
 
 
 def test_own_model_and_data_from_the_command_line(tmp_path: Path) -> None:

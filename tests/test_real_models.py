@@ -26,6 +26,7 @@ from gemq.errors import SpecError
 from gemq.layout import BUFFER, PARAM, ParamLayout
 from gemq.running.embedded import EmbeddedRedis
 from gemq.running.runs import create_run
+from gemq.shards import ShardPlan
 from gemq.state.store import RunStore
 from gemq.training.data import load_dataset, minibatches
 from gemq.training.evaluate import evaluate
@@ -89,6 +90,56 @@ def test_the_layout_holds_the_buffers_after_the_parameters() -> None:
         [("weight", (2, 2)), ("bias", (2,))]).layout_id  # buffer-free ids unchanged
 
 
+def test_the_layout_records_the_momentum_of_each_moving_average() -> None:
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2, momentum=0.3),
+                          nn.Flatten(), nn.BatchNorm1d(4, momentum=None),
+                          nn.InstanceNorm1d(4, track_running_stats=True), nn.Linear(4, 2))
+    model.register_buffer("step", torch.zeros(3))
+    momenta = {t.name: t.momentum for t in layout_of(model).buffers}
+    assert momenta == {
+        "1.running_mean": pytest.approx(0.3), "1.running_var": pytest.approx(0.3),
+        "1.num_batches_tracked": 0.0,
+        "3.running_mean": 0.0, "3.running_var": 0.0,  # momentum=None: a cumulative average
+        "3.num_batches_tracked": 0.0,
+        "4.running_mean": pytest.approx(0.1), "4.running_var": pytest.approx(0.1),
+        "4.num_batches_tracked": 0.0, "step": 0.0}
+    assert all(t.momentum == 0.0 for t in layout_of(model).params)
+    root = nn.BatchNorm1d(3)
+    assert [t.momentum for t in layout_of(root).buffers] == [pytest.approx(0.1)] * 2 + [0.0]
+
+
+def test_buffer_momenta_travel_in_the_json_and_leave_the_layout_id_as_it_was() -> None:
+    layout = layout_of(bn_mlp())
+    again = ParamLayout.from_json(layout.to_json())
+    assert again == layout
+    assert [t.momentum for t in again.buffers] == [pytest.approx(0.1)] * 2 + [0.0]
+    np.testing.assert_array_equal(again.buffer_momenta(), np.float32([0.1] * 12 + [0]))
+    # A layout stored before momenta were recorded: the same id, every change added.
+    data = json.loads(layout.to_json())
+    for tensor in data["tensors"]:
+        tensor.pop("momentum", None)
+    old = ParamLayout.from_json(json.dumps(data))
+    assert [t.momentum for t in old.buffers] == [0.0] * 3
+    assert old.buffer_momenta() is None
+    # The id of this model's layout before momenta existed (computed at the commit before):
+    # runs resume from their model.pt and services compare ids, so it must not move.
+    assert layout.layout_id == old.layout_id == "e3bda500df337ee2"
+    with pytest.raises(ValueError, match="momentum 1.5 is not in"):
+        ParamLayout.from_shapes([("w", (2,))], [("b", (2,), "float32", 1.5)])
+
+
+@pytest.mark.parametrize("count", [2, 3, 5])
+def test_each_shard_holds_the_momenta_of_its_own_buffer_elements(count: int) -> None:
+    layout = ParamLayout.from_shapes([("w", (4,))], [
+        ("mean", (6,), "float32", 0.1), ("var", (6,), "float32", 0.2), ("n", (), "int64")])
+    plan = ShardPlan.of(layout, count)
+    assert any(layout.param_size < s.start for s in plan.shards)  # shards of buffers alone
+    parts = [shard.buffer_momenta(layout) for shard in plan.shards]
+    joined = np.concatenate([np.zeros(s.stop - s.param_stop, np.float32) if p is None else p
+                             for s, p in zip(plan.shards, parts, strict=True)])
+    np.testing.assert_array_equal(joined, np.float32([0.1] * 6 + [0.2] * 6 + [0]))
+
+
 def test_a_buffer_the_flat_state_cannot_carry_is_one_clear_error() -> None:
     model = nn.Linear(2, 2)
     model.register_buffer("phase", torch.zeros(2, dtype=torch.complex64))
@@ -139,6 +190,37 @@ def test_the_rule_adds_buffer_changes_as_they_are() -> None:
     rule.apply(theta, gradient, snapshot, "w", 0)
     np.testing.assert_allclose(theta[4:], [12, 17])
     assert rule.moments()["w"].shape == (4,)
+
+
+def test_stale_batchnorm_steps_land_as_the_running_average_of_their_batches() -> None:
+    """Real steps of a BatchNorm model, most on a copy many updates old, through the
+    aggregator's rule: the run's running statistics are BatchNorm's own running average of
+    the batches' statistics, taken in arrival order on the run's values."""
+    torch.manual_seed(0)
+    model = bn_mlp()
+    flat, layout = FlatModel(model), layout_of(model)
+    rule = make_rule(RunConfig(run_id="r", algo="downpour", lr=0.01), layout.param_size,
+                     buffer_momenta=layout.buffer_momenta())
+    theta = flat_state(model)
+    versions = [theta.copy()]
+    where = {t.name: t.slice for t in layout.buffers}
+    mean = theta[where["1.running_mean"]].astype(np.float64)
+    var = theta[where["1.running_var"]].astype(np.float64)
+    for i in range(16):
+        version = 0 if i % 4 else len(versions) - 1  # 3 in 4 read the first copy
+        flat.load(versions[version])
+        x, y = torch.randn(32, 8) * 2 + 3, torch.randint(0, 3, (32,))
+        step = flat.gradient(x, y)
+        with torch.no_grad():  # the batch's statistics, on the copy the worker read
+            h = model[0](x).double()
+        mean = 0.9 * mean + 0.1 * h.mean(0).numpy()
+        var = 0.9 * var + 0.1 * h.var(0).numpy()  # BatchNorm keeps the unbiased variance
+        rule.apply(theta, step.output, versions[version], f"w{i % 4}",
+                   len(versions) - 1 - version)
+        versions.append(theta.copy())
+    np.testing.assert_allclose(theta[where["1.running_mean"]], mean, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(theta[where["1.running_var"]], var, rtol=1e-5, atol=1e-5)
+    assert theta[where["1.num_batches_tracked"]].tolist() == [16.0]
 
 
 # --- losses ---------------------------------------------------------------------------
@@ -218,6 +300,47 @@ def test_a_new_leader_restores_the_checkpointed_moments(redis_client: redis.Redi
     for worker, moment in leader.rule.moments().items():
         np.testing.assert_array_equal(saved[worker], moment)
         np.testing.assert_array_equal(successor.rule.moments()[worker], moment)
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_the_aggregator_applies_stale_running_statistics_as_their_average(
+        redis_client: redis.Redis, shards: int) -> None:
+    """Through the leaders of a (sharded) run: changes computed on a stale copy of BatchNorm-
+    like buffers leave the run's running statistics the sequential average of the batches',
+    whichever shard holds them."""
+    layout = ParamLayout.from_shapes([("w", (4,))], [
+        ("mean", (6,), "float32", 0.1), ("var", (6,), "float32", 0.1), ("n", (), "int64")])
+    initial = np.float32([0] * 4 + [0] * 6 + [1] * 6 + [0])
+    store = RunStore(redis_client, f"bn{shards}")
+    store.create(RunConfig.from_dict({"run_id": f"bn{shards}", "algo": "downpour",
+                                      "shards": shards}), layout, initial)
+    plan = store.plan()
+    assert shards == 1 or any(s.start > layout.param_size for s in plan.shards)
+    stores = store.shards()
+    leaders = [Leader(s, s.config(), s.layout()) for s in stores]
+    for s in stores:
+        assert Leadership(s, "t", 5000).acquire()
+    rng = np.random.default_rng(1)
+    expected = initial[4:16].astype(np.float64)
+    for window in range(2):
+        for i in range(5):  # every worker computed on version 0
+            stats = np.concatenate([rng.normal(2.0, 0.1, 6), rng.uniform(0.01, 0.02, 6)])
+            buffers = (0.9 * initial[4:16] + np.float32(0.1) * stats.astype(np.float32))
+            change = np.concatenate([np.full(4, 0.1), buffers - initial[4:16], [1.0]])
+            expected = 0.9 * expected + 0.1 * stats
+            for shard, s in zip(plan.shards, stores, strict=True):
+                s.publish_gradient(f"w{i}", gradient_message(
+                    s, f"w{i}", change[shard.slice].astype(np.float32), version=0,
+                    layout_id=plan.layout_id_of(shard.index)))
+        for s, leader in zip(stores, leaders, strict=True):
+            entries = Leadership(s, "t", 5000).read(10).entries
+            commit = leader.process([(i, f[b"m"], f[b"w"].decode()) for i, f in entries])  # type: ignore[index]
+            assert leader.updates == 5 * (window + 1)  # none rejected
+            assert Leadership(s, "t", 5000).commit(commit, leader.theta)
+    theta = np.concatenate([leader.theta for leader in leaders])
+    np.testing.assert_allclose(theta[4:16], expected, rtol=1e-5, atol=1e-6)
+    assert (theta[10:16] > 0).all()
+    assert theta[16] == 10
 
 
 def test_moments_of_forgotten_workers_leave_the_checkpoint(redis_client: redis.Redis) -> None:

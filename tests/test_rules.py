@@ -314,3 +314,60 @@ def test_median_sample_is_the_median_of_its_evenly_spaced_sample(size: int) -> N
 
 def test_median_sample_of_nothing_is_nan() -> None:
     assert np.isnan(median_sample(np.empty(0, np.float32)))
+
+
+# --- buffers: moving averages applied to the run's current value -------------------------
+
+#: A BatchNorm-like buffer part after 3 parameters: running mean (4), running variance (4),
+#: both with momentum 0.1, and a batch count (momentum 0: its change is added).
+BN_MOMENTUM = 0.1
+BN_MOMENTA = f32([BN_MOMENTUM] * 8 + [0.0])
+
+
+def _bn_change(snapshot: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.ndarray:
+    """What a worker that read ``snapshot`` sends for its buffers: BatchNorm's step
+    v = (1 - m) s + m b computed in float32 (as torch does), minus s; the count moves by 1."""
+    m = np.float32(BN_MOMENTUM)
+    s = snapshot[3:]
+    stepped = np.concatenate([(1 - m) * s[:8] + m * np.concatenate([mean, var]),
+                              s[8:] + 1]).astype(np.float32)
+    return np.concatenate([f32([0.01, -0.02, 0.03]), stepped - s])
+
+
+@pytest.mark.parametrize("algo", ["gem", "downpour", "adaptive", "dcasgd"])
+def test_stale_moving_average_changes_land_as_the_sequential_average(algo: str) -> None:
+    """Workers computing on stale copies: the run's running statistics are exactly the
+    EMA of the batches' statistics applied in arrival order to its own value, and the
+    variance stays positive where adding the changes would drive it below 0."""
+    rng = np.random.default_rng(3)
+    rule = make_rule(RunConfig(run_id="r", algo=algo), 3, buffer_momenta=BN_MOMENTA)
+    theta = f32([0.5, -0.5, 1.0, 0, 0, 0, 0, 1, 1, 1, 1, 0])  # params, mean 0, var 1, count
+    versions = [theta.copy()]
+    reference = theta[3:11].astype(np.float64)  # the sequential EMA, in float64
+    naive = theta[3:].astype(np.float64)  # what adding every change gives
+    updates = 24
+    for i in range(updates):
+        # Most workers read version 0 (up to 23 updates stale); a few read a fresh copy.
+        version = 0 if i % 6 else len(versions) - 1
+        snapshot = versions[version]
+        mean = rng.normal(3.0, 0.2, 4).astype(np.float32)
+        var = rng.uniform(0.005, 0.02, 4).astype(np.float32)  # batches far below var 1
+        change = _bn_change(snapshot, mean, var)
+        rule.apply(theta, change, snapshot, f"w{i % 5}", len(versions) - 1 - version)
+        reference = (1 - BN_MOMENTUM) * reference + BN_MOMENTUM * np.concatenate([mean, var])
+        naive += change[3:]
+        versions.append(theta.copy())
+    np.testing.assert_allclose(theta[3:11], reference, rtol=2e-5, atol=1e-6)
+    assert theta[11] == updates  # the batch count: every change added
+    assert (theta[7:11] > 0).all()
+    assert (naive[4:8] < 0).all()  # the old rule's overshoot, for contrast
+    assert np.abs(naive[:4] - reference[:4]).min() > 1.0
+
+
+def test_buffer_changes_without_momenta_are_added_as_they_are() -> None:
+    rule = make_rule(RunConfig(run_id="r"), 2, buffer_momenta=f32([0.0, 0.5]))
+    theta, snapshot = f32([0, 0, 10, 10]), f32([0, 0, 4, 4])
+    rule.apply(theta, f32([0, 0, 2, 2]), snapshot, "w", 3)
+    np.testing.assert_array_equal(theta[2:], [12, 12 - 0.5 * (10 - 4)])
+    with pytest.raises(ValueError, match="3 buffer elements after the parameters"):
+        rule.apply(f32([0, 0, 1, 1, 1]), f32([0] * 5), f32([0] * 5), "w", 0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -13,13 +14,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from gemq import cli
 from gemq.aggregation.rules import DCASGD, GEM, GlobalGEM, make_rule
 from gemq.config import RunConfig
 from gemq.errors import ConfigError, GemqError
 from gemq.sim.command import add_simulate_parser, cmd_simulate
-from gemq.sim.engine import simulate
+from gemq.sim.engine import Simulator, simulate
 from gemq.sim.options import SimOptions
 from gemq.sim.results import SimResult
 from gemq.sim.staleness import Schedule, StalenessModel
@@ -364,3 +366,50 @@ def test_cli_bad_flags_get_one_line(capsys: pytest.CaptureFixture[str], args: li
     code, _, err = gemq(capsys, "--steps", "5", *args)
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and message in err, err
+
+
+# --- buffers -----------------------------------------------------------------------------
+
+BN_MODELS = """
+from torch import nn
+
+def bn_mlp():
+    return nn.Sequential(nn.Linear(64, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 10))
+"""
+
+
+def test_running_statistics_stay_true_under_heavy_staleness(
+        digits: DataSplit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """32 workers in round robin, each on a copy 31 updates old: adding their changes to
+    BatchNorm's running statistics would give each batch 32 times its momentum (3.2, an
+    unstable average whose variance goes below 0); applied to the run's value they stay
+    the batches' running average."""
+    (tmp_path / "bnsim.py").write_text(BN_MODELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = small("downpour", model="bnsim:bn_mlp", budget_updates=32 * 8, lr=0.001)
+    sim = Simulator(config, SimOptions(workers=32, eval_every=32 * 8), data=digits)
+    sim.run()
+    where = {t.name: t.slice for t in sim.layout.buffers}
+    running_var = sim.theta[where["1.running_var"]]
+    with torch.no_grad():  # the statistic the running variance averages, at the end
+        sim.net.load(sim.theta)
+        x = torch.stack([digits.train[i][0] for i in range(512)])
+        batch_var = sim.net.model[0](x).var(0).numpy()
+    assert (running_var > 0).all()
+    np.testing.assert_allclose(running_var, batch_var, rtol=0.5)
+    assert sim.theta[where["1.num_batches_tracked"]].tolist() == [32 * 8]
+
+
+def test_a_budget_of_a_few_updates_per_worker_says_how_epochs_count(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """One epoch is one pass over the training set by all workers together: with many workers
+    that is a short run, and gemq says so before it starts."""
+    code, _, err = gemq(capsys, "--workers", "10", "--epochs", "1")
+    assert code == 0
+    notes = [line for line in err.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1, err
+    assert re.fullmatch(r"note: \d+ updates in all, \d\.\d per worker for 10 workers \(epochs "
+                        r"count passes over the training set by all workers together\); for "
+                        r"a longer run raise --epochs or give --steps", notes[0]), notes[0]
+    code, _, err = gemq(capsys, "--workers", "3", "--steps", "30")  # 10 each: no note
+    assert code == 0 and "note:" not in err

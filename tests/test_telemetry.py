@@ -172,9 +172,11 @@ def _run_with_history(client: redis.Redis) -> RunStore:
 
 def test_the_api_metrics_parse_and_follow_the_naming_rules(
         redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
-    store = _run_with_history(redis_client)
+    # The API starts first: a worker counts as active for 10 s after its last gradient, and
+    # starting the API on a loaded machine can take longer than that.
     api = start_api(redis_server.url, GEMQ_LOG_FORMAT="json")
     try:
+        store = _run_with_history(redis_client)
         parsed = scrape(api.url + "/metrics")
     finally:
         api.process.stop()

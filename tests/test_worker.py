@@ -83,7 +83,18 @@ def test_a_run_with_max_pending_1_trains_to_its_budget(redis_client: redis.Redis
 def test_workers_wait_for_the_aggregator_to_start(redis_client: redis.Redis) -> None:
     store = tiny_run(redis_client)
     thread, shutdown, result = start_workers(store, ["a"])
-    time.sleep(0.5)
+    # Proof that the worker is in its loop, not yet starting: it heartbeats while it waits
+    # (every 0.1 s here); three different beats mean it has looked at the run many times.
+    beats: set[str] = set()
+
+    def beaten_thrice() -> bool:
+        beat = store.worker_states().get("a", {}).get("heartbeat_ms")
+        if beat is not None:
+            beats.add(str(beat))
+        return len(beats) >= 3
+
+    wait_for(beaten_thrice, timeout_s=60, what="the waiting worker's heartbeats")
+    assert thread.is_alive()
     assert redis_client.xlen(store.keys.gradients) == 0  # nothing computed on stale params
     shutdown.set()
     thread.join(10)

@@ -61,13 +61,14 @@ def amp_cost(budget: Budget) -> dict[str, Any]:
     return result
 
 
-def checkpointed_rate(overhead: float, window_s: float) -> dict[str, Any]:
+def checkpointed_rate(overhead: float, window_s: float, workers: int = CHECKPOINT_WORKERS,
+                      settle_s: float = 1.0) -> dict[str, Any]:
     config = RunConfig(run_id="bench-checkpoint", batch_size=BATCH, budget_updates=10**9,
                        checkpoint_overhead=overhead)
     with private_redis() as (server, client):
-        system = launch(server.url, client, config, CHECKPOINT_WORKERS)
+        system = launch(server.url, client, config, workers)
         try:
-            time.sleep(1.0)
+            time.sleep(settle_s)
             checkpoints = _checkpoint_versions(system.store, window_s)
             rate = rate_over(lambda: counter(system.store, "applied"), window_s)
         finally:
@@ -86,10 +87,11 @@ def _checkpoint_versions(store: Any, window_s: float) -> int:
 
 def checkpoint_cost(budget: Budget) -> dict[str, list[dict[str, Any]]]:
     rounds, window_s = budget.pick(2, 1), budget.seconds(8.0, 2.0)
+    workers, settle_s = budget.pick(CHECKPOINT_WORKERS, 2), budget.seconds(1.0, 1.0)
     runs: dict[str, list[dict[str, Any]]] = {"with": [], "without": []}
     for _ in range(rounds):
-        runs["with"].append(checkpointed_rate(0.05, window_s))
-        runs["without"].append(checkpointed_rate(0.0, window_s))
+        runs["with"].append(checkpointed_rate(0.05, window_s, workers, settle_s))
+        runs["without"].append(checkpointed_rate(0.0, window_s, workers, settle_s))
     return runs
 
 

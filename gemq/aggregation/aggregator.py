@@ -102,7 +102,8 @@ class Leader:
         self.shard = plan.shards[store.shard]
         self.history = SnapshotHistory(kept_versions(config, self.shard.size),
                                        store.kept_versions(), store.snapshot)
-        self.rule: Rule = make_rule(config, self.shard.param_size)
+        self.rule: Rule = make_rule(config, self.shard.param_size,
+                                    buffer_momenta=self.shard.buffer_momenta(layout))
         self.checkpoints = MomentCheckpoints(config.checkpoint_overhead)
         self.expected = codec.Expected(config.run_id, plan.layout_id_of(store.shard),
                                        self.shard.size,

@@ -19,9 +19,18 @@ is one fused pass over the parameters, the same for every rule.
 
 A run's state vector may hold buffers after its parameters (gemq/layout.py). A rule's
 ``size`` is the parameters' part; whatever follows it in ``theta`` is buffers, and the
-matching tail of a worker's vector is the change its step made to them, which is added as
-it is (a parameter server's rule for moving averages: every worker's update of BatchNorm's
-running statistics lands, in arrival order, on the run's own).
+matching tail of a worker's vector is the change its step made to them, ``d = v - s``. Each
+buffer element has a momentum m (``buffer_momenta``, from the layout), and the update is
+
+    c <- c + d - m (c - s)
+
+with ``c`` the run's value and ``s`` the worker's copy (the snapshot). For an exponential
+moving average (BatchNorm's running mean and variance: ``v = (1 - m) s + m b``, b the
+batch's statistic) this is ``(1 - m) c + m b``: the worker's step applied to the run's
+current value, exactly, however stale its copy. (Adding ``d`` alone would move ``c`` by
+``m (b - s)``: k workers that read the same old ``s`` would pull it k times as far, and a
+running variance could overshoot below 0.) With m = 0 (a batch count, a cumulative average,
+any other buffer) the change is added as it is.
 """
 
 from __future__ import annotations
@@ -70,13 +79,19 @@ class Rule:
 
     name = "rule"
 
-    def __init__(self, size: int, *, lr: float, momentum: float, kappa: float = 1.0) -> None:
+    def __init__(self, size: int, *, lr: float, momentum: float, kappa: float = 1.0,
+                 buffer_momenta: np.ndarray | None = None) -> None:
         self.size = size
         self.lr = lr
         self.momentum = momentum
         self.kappa = kappa
         self._moments: dict[str, np.ndarray] = {}
         self._pi = np.empty(size, np.float32)  # per-element pi of the last update
+        # The buffers' momenta (None: all 0) and the scratch of their update.
+        self._buffer_momenta = (None if buffer_momenta is None
+                                else np.array(buffer_momenta, np.float32).reshape(-1))
+        self._correction = (None if self._buffer_momenta is None
+                            else np.empty_like(self._buffer_momenta))
         kernel.warm_up()
 
     @property
@@ -111,7 +126,8 @@ class Rule:
         ``snapshot`` is the copy of the parameters the worker computed the gradient on
         (the drift is ``theta - snapshot``). ``theta``, ``snapshot`` and the gradient are
         flat float32 arrays (a gradient of another dtype is widened first): the rule's size
-        of parameters, then any buffers, whose changes are added to ``theta``'s.
+        of parameters, then any buffers, whose changes are applied as the module's
+        docstring says.
         """
         if gradient.dtype != np.float32 or not gradient.flags.c_contiguous:
             gradient = np.ascontiguousarray(gradient, dtype=np.float32)
@@ -123,9 +139,24 @@ class Rule:
             f32(self.lr), f32(self.momentum), f32(self.kappa), rule.mode, f32(rule.a),
             f32(rule.b))
         if theta.size > n:
-            theta[n:] += gradient[n:]
+            self._apply_buffers(theta[n:], gradient[n:], snapshot[n:])
         return UpdateStats(staleness=staleness, median_pi=median_sample(self._pi),
                            e_central=float(e_central), e_proxy=float(e_proxy))
+
+    def _apply_buffers(self, value: np.ndarray, change: np.ndarray,
+                       snapshot: np.ndarray) -> None:
+        """c <- c + d - m (c - s), in place on the buffers' part of theta."""
+        momenta, correction = self._buffer_momenta, self._correction
+        if momenta is None or correction is None:
+            value += change
+            return
+        if momenta.size != value.size:
+            raise ValueError(f"{value.size} buffer elements after the parameters; the rule "
+                             f"has momenta for {momenta.size}")
+        np.subtract(value, snapshot, out=correction)
+        correction *= momenta
+        value += change
+        value -= correction
 
     def _moment(self, worker_id: str) -> np.ndarray:
         moment = self._moments.get(worker_id)
@@ -165,8 +196,10 @@ class GEM(Rule):
     name = "gem"
 
     def __init__(self, size: int, *, lr: float, momentum: float, kappa: float = 1.0,
-                 pi_max: float = 5.0, eps: float = 1e-12) -> None:
-        super().__init__(size, lr=lr, momentum=momentum, kappa=kappa)
+                 pi_max: float = 5.0, eps: float = 1e-12,
+                 buffer_momenta: np.ndarray | None = None) -> None:
+        super().__init__(size, lr=lr, momentum=momentum, kappa=kappa,
+                         buffer_momenta=buffer_momenta)
         self.pi_max = pi_max
         self.eps = eps
 
@@ -185,8 +218,10 @@ class GlobalGEM(GEM):
     name = "gem-global"
 
     def __init__(self, size: int, *, lr: float, momentum: float, kappa: float = 1.0,
-                 pi_max: float = 5.0, eps: float = 1e-12) -> None:
-        super().__init__(size, lr=lr, momentum=momentum, kappa=kappa, pi_max=pi_max, eps=eps)
+                 pi_max: float = 5.0, eps: float = 1e-12,
+                 buffer_momenta: np.ndarray | None = None) -> None:
+        super().__init__(size, lr=lr, momentum=momentum, kappa=kappa, pi_max=pi_max, eps=eps,
+                         buffer_momenta=buffer_momenta)
         self._global = np.zeros(size, np.float32)
         self._seen: dict[str, None] = {}  # insertion-ordered set of the workers heard
 
@@ -223,8 +258,9 @@ class DCASGD(Rule):
     name = "dcasgd"
 
     def __init__(self, size: int, *, lr: float, momentum: float, kappa: float = 1.0,
-                 lam: float = DCASGD_LAMBDA) -> None:
-        super().__init__(size, lr=lr, momentum=momentum, kappa=kappa)
+                 lam: float = DCASGD_LAMBDA, buffer_momenta: np.ndarray | None = None) -> None:
+        super().__init__(size, lr=lr, momentum=momentum, kappa=kappa,
+                         buffer_momenta=buffer_momenta)
         self.lam = lam
 
     def _scale(self, staleness: int) -> ScaleRule:
@@ -248,20 +284,23 @@ def median_sample(values: np.ndarray, limit: int = MEDIAN_SAMPLE) -> float:
     return (float(ordered[middle - 1]) + float(ordered[middle])) / 2
 
 
-def make_rule(config: RunConfig, size: int, *,
-              dcasgd_lambda: float = DCASGD_LAMBDA) -> Rule:
-    """The rule a run's configuration asks for (``dcasgd_lambda``: DC-ASGD's lambda)."""
+def make_rule(config: RunConfig, size: int, *, dcasgd_lambda: float = DCASGD_LAMBDA,
+              buffer_momenta: np.ndarray | None = None) -> Rule:
+    """The rule a run's configuration asks for (``dcasgd_lambda``: DC-ASGD's lambda;
+    ``buffer_momenta``: the momentum of each buffer element after the ``size`` parameters,
+    ParamLayout.buffer_momenta, None when all are 0)."""
     common = {"lr": config.lr, "momentum": config.momentum, "kappa": config.kappa}
     if config.algo == "gem":
         gem = GlobalGEM if config.proxy == "global" else GEM
-        return gem(size, pi_max=config.pi_max, eps=config.eps, **common)
+        return gem(size, pi_max=config.pi_max, eps=config.eps, buffer_momenta=buffer_momenta,
+                   **common)
     if config.proxy != "local":
         raise ConfigError("proxy", f"{config.proxy!r} is a GEM option; algo "
                                    f"{config.algo!r} has no proxy to estimate")
     if config.algo == "downpour":
-        return Downpour(size, **common)
+        return Downpour(size, buffer_momenta=buffer_momenta, **common)
     if config.algo == "dcasgd":
         if not (math.isfinite(dcasgd_lambda) and dcasgd_lambda >= 0):
             raise ConfigError("dcasgd_lambda", f"must be finite and >= 0, got {dcasgd_lambda}")
-        return DCASGD(size, lam=dcasgd_lambda, **common)
-    return AdaptiveStaleness(size, **common)
+        return DCASGD(size, lam=dcasgd_lambda, buffer_momenta=buffer_momenta, **common)
+    return AdaptiveStaleness(size, buffer_momenta=buffer_momenta, **common)

@@ -7,6 +7,7 @@
 | ``tensorboard_curves`` | the curves as TensorBoard scalars (the optional extra) |
 | ``export`` | a run's curves read back from Redis (``gemq export``, the API's CSV) |
 | ``summary`` | ``RunSummary``: the end-of-run summary, written as JSON |
+| ``verdict`` | whether a finished run's result is poor (most gradients rejected, chance accuracy) |
 | ``progress`` | the live progress bar of a run on the terminal |
 | ``combine`` | a sharded run's numbers from its shards' |
 

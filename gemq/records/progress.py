@@ -78,17 +78,18 @@ class ProgressDisplay:
         return text.strip()
 
     def _gem_numbers(self) -> str:
-        """Energy ratio, staleness (tau) and median pi: the run's, for a sharded run."""
+        """Energy ratio, mean staleness and median pi, named as in metrics.csv and the
+        README's "Reading the numbers": the run's, for a sharded run."""
         if len(self.shards) == 1:
             last = self.last
-            return (f"energy={float(last['energy_ratio']):.2f} "
-                    f"tau={float(last['staleness_mean']):.1f} "
-                    f"pi={float(last['median_pi']):.2f}")
+            return (f"energy_ratio={float(last['energy_ratio']):.2f} "
+                    f"staleness={float(last['staleness_mean']):.1f} "
+                    f"median_pi={float(last['median_pi']):.2f}")
         overall = self.overall
         pis = overall.get("median_pi_range")
-        return (f"energy={_shown(overall.get('energy_ratio'), '.2f')} "
-                f"tau={_shown(overall.get('staleness_mean'), '.1f')} "
-                f"pi={f'{pis[0]:.2f}-{pis[1]:.2f}' if pis else '-'}")
+        return (f"energy_ratio={_shown(overall.get('energy_ratio'), '.2f')} "
+                f"staleness={_shown(overall.get('staleness_mean'), '.1f')} "
+                f"median_pi={f'{pis[0]:.2f}-{pis[1]:.2f}' if pis else '-'}")
 
     def close(self) -> None:
         if self.bar is not None:

@@ -55,6 +55,12 @@ class RunSummary:
     model_path: Path
     summary_path: Path
     config: RunConfig
+    #: Workers that joined the run without being started by this call (``workers``): on a
+    #: shared Redis, a worker service that follows new runs, or ``gemq worker --run``.
+    workers_joined: int = 0
+    #: Why a finished run's result is poor (gemq/records/verdict.py), one sentence each;
+    #: empty for a good one, and for a run that did not finish.
+    problems: tuple[str, ...] = ()
 
     @property
     def metrics_path(self) -> Path:
@@ -65,6 +71,7 @@ class RunSummary:
         """The JSON-ready fields: paths as strings, the config as a dict."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out.update(rejected=dict(self.rejected), config=dataclasses.asdict(self.config),
+                   problems=list(self.problems),
                    shards=[dict(shard) for shard in self.shards],
                    model_path=str(self.model_path), summary_path=str(self.summary_path))
         return out
@@ -74,6 +81,7 @@ class RunSummary:
         """A summary from ``to_dict``'s fields (a summary.json, read)."""
         return cls(**{**data, "config": RunConfig.from_dict(data["config"]),
                       "shards": tuple(data["shards"]),
+                      "problems": tuple(data.get("problems", ())),
                       "model_path": Path(data["model_path"]),
                       "summary_path": Path(data["summary_path"])})
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import redis
 
 from gemq.errors import GemqError
-from gemq.process import parent_death_signal_preexec
+from gemq.process import parent_death_signal_preexec, terminate
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +105,12 @@ class EmbeddedRedis:
             args += ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(cert),
                      "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert),
                      "--tls-auth-clients", "no"]
+        # A process group of its own: a terminal's Ctrl-C goes to the foreground group,
+        # and a Redis that got it would shut down before its owner saves the model from it.
+        # Its owner stops it (stop()), or, with die_with_owner, the owner's death does.
         self.process = subprocess.Popen(
             [*args, *self.extra_args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            cwd=self.directory, env=redis_environment(),
+            cwd=self.directory, env=redis_environment(), process_group=0,
             preexec_fn=parent_death_signal_preexec if self.die_with_owner else None)
         atexit.register(self.stop)
         self._wait_ready(timeout_s)
@@ -124,7 +127,11 @@ class EmbeddedRedis:
                     pid = client.info("server")["process_id"]
                     if self.process is not None and pid != self.process.pid:
                         self._another_server_answered(pid)
-                    return
+                    # INFO answers while an AOF is still loading, other commands do not
+                    # (BusyLoadingError): ready means loaded.
+                    if not int(client.info("persistence").get("loading", 0)):
+                        return
+                    time.sleep(0.02)
                 except (redis.ConnectionError, redis.BusyLoadingError) as e:
                     if time.monotonic() > deadline:
                         raise GemqError(f"redis-server did not answer on port {self.port} "
@@ -155,13 +162,7 @@ class EmbeddedRedis:
             self.process.wait()
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process, grace_s=10)
         self.process = None
         if self._own_dir:
             shutil.rmtree(self.directory, ignore_errors=True)

@@ -25,27 +25,43 @@ from torch import nn
 
 from gemq.aggregation.aggregator import aggregator_main
 from gemq.aggregation.snapshots import budget_advice
-from gemq.config import USER_SETTINGS, RunConfig, make_config, validate_settings
-from gemq.errors import ConfigError, GemqError
+from gemq.config import (
+    BUDGET,
+    USER_SETTINGS,
+    RunConfig,
+    make_config,
+    short_budget_note,
+    validate_settings,
+)
+from gemq.configfile import write_config_file
+from gemq.errors import ConfigError, GemqError, RunExists
 from gemq.process import raise_on_termination
 from gemq.records.curves import CURVES_FILE
 from gemq.records.progress import ProgressDisplay
 from gemq.records.recording import CurveRecorder
 from gemq.records.summary import RunSummary, run_totals
 from gemq.records.tensorboard_curves import require_tensorboard
+from gemq.records.verdict import poor_result
 from gemq.running.cluster import EmbeddedCluster
+from gemq.running.dashboard import local_dashboard
 from gemq.running.embedded import EmbeddedRedis
 from gemq.running.modelfile import ModelFile
 from gemq.running.runs import create_run
-from gemq.state.connection import connect, is_cluster, redact
+from gemq.state.connection import (
+    COMMAND_WAIT_S,
+    connect,
+    is_cluster,
+    redact,
+    wait_until_ready,
+)
 from gemq.state.retention import release_if_ended
 from gemq.state.store import ENDED, RunState, RunStore
 from gemq.training.data import DataSplit, load_dataset
-from gemq.training.evaluate import evaluate
+from gemq.training.evaluate import evaluate, majority_share
 from gemq.training.losses import load_loss
 from gemq.training.models import build_model
 from gemq.training.specs import spec_of
-from gemq.training.worker import worker_main
+from gemq.training.worker import resolve_device, worker_main
 from gemq.wire import codec
 
 log = logging.getLogger(__name__)
@@ -80,6 +96,8 @@ class LocalOptions:
     local_cluster: int = 0
     #: Also write the curves as TensorBoard scalars, under <tensorboard>/<run id>.
     tensorboard: Path | None = None
+    #: Serve the dashboard for the run on this loopback port (None: no dashboard).
+    dashboard: int | None = None
 
 
 def train(model: ModelSpec = DEFAULT_MODEL, dataset: DatasetSpec = DEFAULT_DATASET, *,
@@ -97,7 +115,7 @@ def train(model: ModelSpec = DEFAULT_MODEL, dataset: DatasetSpec = DEFAULT_DATAS
           run_id: str | None = None, redis_url: str | None = None,
           out_dir: str | Path | None = None, progress: bool = True, device: str = "cpu",
           worker_processes: int = 0, local_cluster: int = 0,
-          tensorboard: str | Path | None = None) -> RunSummary:
+          tensorboard: str | Path | None = None, dashboard: int | None = None) -> RunSummary:
     """Train locally on a private Redis (or ``redis_url``); return the run summary, which is
     also written to ``out_dir`` (default ``runs/<run id>``) with the model and the curves
     (metrics.csv; and TensorBoard scalars under ``tensorboard``/<run id> if given).
@@ -106,7 +124,9 @@ def train(model: ModelSpec = DEFAULT_MODEL, dataset: DatasetSpec = DEFAULT_DATAS
     callables. The budget is ``epochs`` (passes over the training set, summed over workers)
     or ``steps`` (updates). ``init_from``: a state_dict file (an earlier run's model.pt) to
     start from. ``local_cluster``: start a private Redis Cluster of that many masters
-    (instead of one private Redis) to try the sharded topology. Every setting left None
+    (instead of one private Redis) to try the sharded topology. ``dashboard``: serve the
+    dashboard on that loopback port while the run trains, and after it until Ctrl-C (the
+    run's curves live in its private Redis). Every setting left None
     takes RunConfig's default (see ``gemq run --help``, or gemq.config, for each one's
     meaning, default and range).
     """
@@ -114,12 +134,16 @@ def train(model: ModelSpec = DEFAULT_MODEL, dataset: DatasetSpec = DEFAULT_DATAS
     settings: dict[str, Any] = {s.name: given[s.name] for s in USER_SETTINGS}
     settings.update(model=_spec(model), dataset=_spec(dataset), run_id=run_id)
     validate_settings(settings)  # every setting, before the dataset is loaded
-    data = load_dataset(settings["dataset"])
-    config = make_config(settings, train_samples=len(data.train))  # type: ignore[arg-type]
     options = LocalOptions(workers=workers, worker_processes=worker_processes,
                            redis_url=redis_url, out_dir=Path(out_dir) if out_dir else None,
                            progress=progress, device=device, local_cluster=local_cluster,
-                           tensorboard=Path(tensorboard) if tensorboard else None)
+                           tensorboard=Path(tensorboard) if tensorboard else None,
+                           dashboard=dashboard)
+    check_options(options)  # and the options, a Redis URL's server included
+    if run_id is not None:  # a new id's folder is new
+        refuse_to_overwrite(output_dir(options, run_id))
+    data = load_dataset(settings["dataset"])
+    config = make_config(settings, train_samples=len(data.train))  # type: ignore[arg-type]
     return run_local(config, options, data, Path(init_from) if init_from else None)
 
 
@@ -127,12 +151,35 @@ def _spec(value: ModelSpec | DatasetSpec) -> str:
     return value if isinstance(value, str) else spec_of(value)
 
 
-def run_local(config: RunConfig, options: LocalOptions, data: DataSplit | None = None,
-              init_from: Path | None = None) -> RunSummary:
-    """Run ``config`` to its end on this machine (``data``: its dataset, if loaded;
-    ``init_from``: a state_dict file to start from)."""
+#: What a run leaves in its output folder (beside dashboard.log, with --dashboard); the
+#: results are what a second run of the same name must not replace.
+MODEL_FILE, SUMMARY_FILE, CONFIG_FILE = "model.pt", "summary.json", "config.toml"
+RESULT_FILES = (MODEL_FILE, SUMMARY_FILE, CURVES_FILE)
+
+
+def output_dir(options: LocalOptions, run_id: str) -> Path:
+    return options.out_dir or Path("runs") / run_id
+
+
+def refuse_to_overwrite(out: Path) -> None:
+    """A folder that holds an earlier run's results is not written over: a second
+    ``gemq run --run myexp`` would replace the first one's model and curves."""
+    held = [name for name in RESULT_FILES if (out / name).exists()]
+    if held:
+        raise RunExists(f"{out} already holds a run's results ({', '.join(held)}); give "
+                        "another --run or --out, or move that folder away")
+
+
+def check_options(options: LocalOptions) -> None:
+    """Refuse options that cannot work, each with one error, before anything starts: no
+    process, no private Redis, no dataset loaded. A Redis the options name must answer
+    within a few seconds."""
     if options.workers < 1:
         raise ConfigError("workers", f"must be at least 1, got {options.workers}")
+    if options.worker_processes < 0:
+        raise ConfigError("worker_processes", f"must be 0 (automatic) or more, got "
+                                              f"{options.worker_processes}")
+    resolve_device(options.device)  # one error here, not one per worker process
     if options.local_cluster and options.redis_url:
         raise ConfigError("local_cluster", "starts a private cluster: give it or a Redis URL, "
                                            "not both")
@@ -141,18 +188,33 @@ def run_local(config: RunConfig, options: LocalOptions, data: DataSplit | None =
                                            f"got {options.local_cluster}")
     if options.tensorboard is not None:
         require_tensorboard()
+    if options.redis_url:
+        wait_until_ready(options.redis_url, COMMAND_WAIT_S)
+
+
+def run_local(config: RunConfig, options: LocalOptions, data: DataSplit | None = None,
+              init_from: Path | None = None) -> RunSummary:
+    """Run ``config`` to its end on this machine (``data``: its dataset, if loaded;
+    ``init_from``: a state_dict file to start from)."""
+    check_options(options)
+    out = output_dir(options, config.run_id)
+    refuse_to_overwrite(out)
     data = data or load_dataset(config.dataset)
-    out = options.out_dir or Path("runs") / config.run_id
     model = build_model(config.model, data.in_features, data.num_classes)
     started = time.monotonic()
     # SIGTERM and SIGHUP unwind like Ctrl-C: children stopped, the private Redis with them.
-    with raise_on_termination(), _redis(options) as url:
+    with raise_on_termination(), _redis(options) as url, \
+            local_dashboard(url, options.dashboard, out / "dashboard.log") as dashboard:
+        if dashboard is not None:
+            print(f"run {config.run_id}: dashboard at {dashboard.url}", file=sys.stderr,
+                  flush=True)
         client = connect(url)
         try:
             store = create_run(client, config, data, init_from)
             if options.redis_url is None:
                 _refuse_oversized_values(client, store, config)
-            model_file = ModelFile(store, model, out / "model.pt")
+            model_file = ModelFile(store, model, out / MODEL_FILE)
+            _write_config_file(out / CONFIG_FILE, config, options)  # with the first results
             try:
                 with CurveRecorder(store, out / CURVES_FILE, options.tensorboard) as curves:
                     _supervise(url, store, config, options, model_file, curves)
@@ -162,14 +224,21 @@ def run_local(config: RunConfig, options: LocalOptions, data: DataSplit | None =
                 model_file.save_on_the_way_out()
                 raise
             summary = run_totals(store)
+            summary["workers_joined"] = store.worker_count() - sum(
+                store.registered(_worker_ids(config.run_id, options.workers)))
             summary["redis"] = (redact(options.redis_url) if options.redis_url
                                 else f"embedded cluster of {options.local_cluster} masters"
                                 if options.local_cluster else "embedded")
             model_file.save()
         finally:
             client.close()
-    summary["wall_time_s"] = round(time.monotonic() - started, 3)
-    return _finish(config, options, data, model, out, summary)
+        summary["wall_time_s"] = round(time.monotonic() - started, 3)
+        result = _finish(config, options, data, model, out, summary)
+        if dashboard is not None:
+            accuracy = (f", test accuracy {100 * result.test_accuracy:.1f}%"
+                        if result.test_accuracy is not None else "")
+            dashboard.linger(f"run {config.run_id} {result.state}{accuracy}")
+    return result
 
 
 @contextlib.contextmanager
@@ -222,8 +291,10 @@ def _supervise(url: str, store: RunStore, config: RunConfig, options: LocalOptio
                  f"{config.budget_updates} updates)")
     advice = budget_advice(config, max(shard.size for shard in store.plan().shards),
                            options.workers)
-    if options.progress and advice:
-        print(f"run {config.run_id}: {advice}", file=sys.stderr)
+    note = short_budget_note(config, options.workers)
+    for line in (advice, note):
+        if options.progress and line:
+            print(f"run {config.run_id}: {line}", file=sys.stderr)
     try:
         for process in processes:
             process.start()
@@ -263,9 +334,13 @@ def _worst(codes: list[int | None]) -> int | None:
 
 def _worker_groups(run_id: str, options: LocalOptions) -> list[list[str]]:
     """Logical worker ids, dealt round-robin over the worker processes."""
-    ids = [f"{run_id}-w{i}" for i in range(options.workers)]
+    ids = _worker_ids(run_id, options.workers)
     processes = options.worker_processes or min(options.workers, max(4, os.cpu_count() or 1))
     return [ids[i::processes] for i in range(min(processes, len(ids)))]
+
+
+def _worker_ids(run_id: str, workers: int) -> list[str]:
+    return [f"{run_id}-w{i}" for i in range(workers)]
 
 
 def _terminate(processes: list[BaseProcess]) -> None:
@@ -288,12 +363,27 @@ def _finish(config: RunConfig, options: LocalOptions, data: DataSplit, model: nn
     summary["test_loss"], summary["test_accuracy"] = evaluate(model, data.test, loss=loss)
     summary["parameters"] = int(sum(p.numel() for p in model.parameters()))
     summary["test_samples"] = len(data.test)  # type: ignore[arg-type]
+    if summary["state"] == RunState.FINISHED:  # a stopped or failed run says so already
+        summary["problems"] = poor_result(
+            summary["updates_applied"], summary["rejected"], summary["test_accuracy"],
+            majority_share(data.test), summary["test_samples"])
     summary["workers"] = options.workers
     summary["config"] = config
     wall = summary["wall_time_s"]
     summary["updates_per_s"] = round(summary["updates_applied"] / wall, 2) if wall else None
-    summary["model_path"] = out / "model.pt"
-    summary["summary_path"] = out / "summary.json"
+    summary["model_path"] = out / MODEL_FILE
+    summary["summary_path"] = out / SUMMARY_FILE
     result = RunSummary(**summary)
     result.write_json()
     return result
+
+
+def _write_config_file(path: Path, config: RunConfig, options: LocalOptions) -> None:
+    """The run's settings as ``--config`` takes them back: its training settings, its
+    budget in updates and its workers (not its id, nor where it ran)."""
+    settings = {s.name: getattr(config, s.name) for s in USER_SETTINGS
+                if s.group != BUDGET}
+    write_config_file(path, {**settings, "steps": config.budget_updates,
+                             "workers": options.workers, "device": options.device},
+                      f"gemq run {config.run_id}: run it again with\n"
+                      f"  gemq run --config {path}\n(flags given beside it win)")

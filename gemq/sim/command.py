@@ -7,11 +7,19 @@ Importing this module is light (no torch): the CLI imports it for every command,
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
 from gemq.cliargs import add_settings, non_negative, positive_int, settings_of
-from gemq.config import BUDGET, DCASGD_LAMBDA, TRAINING, make_config, validate_settings
+from gemq.config import (
+    BUDGET,
+    DCASGD_LAMBDA,
+    TRAINING,
+    make_config,
+    short_budget_note,
+    validate_settings,
+)
 from gemq.sim.options import MAX_WORKERS, SimOptions
 from gemq.sim.staleness import STALENESS_KINDS, StalenessModel
 
@@ -82,6 +90,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     config = make_config(settings, train_samples=len(data.train))  # type: ignore[arg-type]
     result = simulate(config, options, data=data, progress=not args.no_progress)
     _print_summary(result.summary)
+    # After the run: a setting the simulator refuses is then the one line its error is.
+    note = None if options.reference else short_budget_note(config, options.workers)
+    if note:
+        print(note, file=sys.stderr, flush=True)
     if args.out is not None:
         print(f"curves:  {write_result(result, args.out)}")
     return 0

@@ -76,7 +76,10 @@ class MomentumProxy:
 
     def apply(self, theta: np.ndarray, gradient: np.ndarray, snapshot: np.ndarray,
               worker_id: str, staleness: int) -> UpdateStats:
-        n = self._moment.size  # parameters; buffers' changes follow them, added as they are
+        # Parameters; the buffers' changes follow them, added as they are: the proxy is
+        # synchronous (its one worker's copy is theta), so that is each moving average's
+        # exact update too (Rule.apply).
+        n = self._moment.size
         self._moment *= self.momentum
         self._moment += np.multiply(gradient[:n], -self.lr, out=self._delta)
         theta[:n] += self._moment
@@ -185,7 +188,8 @@ class Simulator:
             return MomentumProxy(self.layout.param_size, lr=self.config.lr,
                                  momentum=self.config.momentum)
         return make_rule(self.config, self.layout.param_size,
-                         dcasgd_lambda=self.options.dcasgd_lambda)
+                         dcasgd_lambda=self.options.dcasgd_lambda,
+                         buffer_momenta=self.layout.buffer_momenta())
 
     def step(self) -> bool:
         """Land the next worker's gradient; True when it was applied, False if rejected."""
@@ -373,8 +377,9 @@ def simulate(config: RunConfig, options: SimOptions | None = None, *,
                disable=not progress)
 
     def hook(count: int, row: dict[str, float]) -> None:
-        bar.set_postfix_str(f"loss={row['train_loss']:.3f} pi={row['median_pi']:.2f} "
-                            f"tau={row['staleness_mean']:.1f}", refresh=False)
+        bar.set_postfix_str(f"loss={row['train_loss']:.3f} "
+                            f"staleness={row['staleness_mean']:.1f} "
+                            f"median_pi={row['median_pi']:.2f}", refresh=False)
         bar.update(count)
         if on_updates is not None:
             on_updates(count, row)

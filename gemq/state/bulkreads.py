@@ -26,6 +26,12 @@ A large read that fails part-way (timeout, connection lost) leaves the connectio
 mid-reply; it is reported as a ConnectionError, after which redis-py drops that connection
 (it cannot be rewound like a small reply). A server too old for RESP3 makes redis-py fall
 back to its RESP2 parser, and large replies are copied as before.
+
+This subclasses redis-py's internals, which change between releases (``_live_buffer()``
+first appeared in 8.2): gemq/state/redispy.py checks that the installed redis-py has all
+this uses before gemq's connections take ``InPlaceParser``; where it does not, they read
+with redis-py's own parser, large replies arrive as ``bytes`` after its copies, and a debug
+line says so once.
 """
 
 from __future__ import annotations
@@ -35,8 +41,7 @@ from typing import Any, cast
 import numpy as np
 from redis import exceptions
 from redis._parsers import _RESP3Parser
-from redis._parsers.socket import SERVER_CLOSED_CONNECTION_ERROR, SocketBuffer
-from redis.utils import SENTINEL
+from redis._parsers.socket import SENTINEL, SERVER_CLOSED_CONNECTION_ERROR, SocketBuffer
 
 #: Bulk strings this long or longer are read in place. Smaller ones gain little (the copies
 #: are cheap) and stay ``bytes``.

@@ -12,18 +12,11 @@ from urllib.parse import unquote
 import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.cluster import RedisCluster
-from redis.connection import (
-    HIREDIS_AVAILABLE,
-    Encoder,
-    HiredisRespSerializer,
-    PythonRespSerializer,
-)
 from redis.exceptions import RedisClusterException
-from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry
 
 from gemq.errors import RedisUnavailable
-from gemq.state.bulkreads import InPlaceParser
+from gemq.state import redispy
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +88,17 @@ class ZeroCopyPacker:
     again. Commands with a large argument (or a memoryview) go through redis-py's
     pure-Python packer, which hands such arguments to ``sendall`` as they are; all other
     commands keep hiredis' packer, which is faster for many small arguments.
+
+    Made only where redis-py has what it uses (gemq/state/redispy.py checks).
     """
 
     def __init__(self) -> None:
+        from redis.connection import (
+            HIREDIS_AVAILABLE,
+            Encoder,
+            HiredisRespSerializer,
+            PythonRespSerializer,
+        )
         self._python = PythonRespSerializer(_BUFFER_CUTOFF,
                                             Encoder("utf-8", "strict", False).encode)
         self._hiredis = HiredisRespSerializer() if HIREDIS_AVAILABLE else self._python
@@ -108,12 +109,20 @@ class ZeroCopyPacker:
         return (self._python if large else self._hiredis).pack(*args)
 
 
+def _packing_settings() -> dict[str, Any]:
+    """How gemq's connections send commands: large arguments without a copy where redis-py
+    allows it (gemq/state/redispy.py), else as redis-py packs them."""
+    return {"command_packer": ZeroCopyPacker()} if redispy.zero_copy_packing() else {}
+
+
 def _reading_settings() -> dict[str, Any]:
-    """How gemq's connections read replies: large ones in place (gemq/state/bulkreads.py), in
-    chunks of SOCKET_READ_SIZE. redis-py allows its maintenance notifications (a Redis
-    Enterprise feature) only with its own parsers: they stay off."""
-    return {"parser_class": InPlaceParser, "socket_read_size": SOCKET_READ_SIZE,
-            "maint_notifications_config": MaintNotificationsConfig(enabled=False)}
+    """How gemq's connections read replies: in chunks of SOCKET_READ_SIZE, large ones in
+    place (gemq/state/bulkreads.py) where redis-py has what that needs, else with its own
+    parser (gemq/state/redispy.py decides). redis-py allows its maintenance notifications
+    (a Redis Enterprise feature) only with its own parsers: they stay off either way."""
+    parser = redispy.in_place_parser()
+    return {"socket_read_size": SOCKET_READ_SIZE, **redispy.maint_notifications_off(),
+            **({"parser_class": parser} if parser is not None else {})}
 
 
 def connect(url: str, *, wait_s: float | None = 30.0, socket_timeout_s: float = 30.0,
@@ -121,7 +130,8 @@ def connect(url: str, *, wait_s: float | None = 30.0, socket_timeout_s: float = 
     """A client for ``url`` (redis://, rediss:// or unix://, password and ACL user included).
 
     Waits up to ``wait_s`` for the server to answer PING, retrying with capped exponential
-    backoff and one log line per attempt; then raises RedisUnavailable naming the URL.
+    backoff (one warning, then quiet retries: wait_until_ready); then raises RedisUnavailable
+    naming the URL.
     ``wait_s=None`` does not wait: the client connects on its first command.
     Commands on the returned client are re-sent up to ``retries`` times after a transient
     connection error. Only idempotent callers should allow that: a worker, whose XADD must
@@ -135,7 +145,7 @@ def connect(url: str, *, wait_s: float | None = 30.0, socket_timeout_s: float = 
             url, socket_connect_timeout=5, socket_timeout=socket_timeout_s,
             retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=retries),
             retry_on_error=list(TRANSIENT_ERRORS), health_check_interval=30,
-            command_packer=ZeroCopyPacker(), **_reading_settings())
+            **_packing_settings(), **_reading_settings())
     except ValueError as e:
         raise RedisUnavailable(f"invalid Redis URL {redact(url)!r}: {e}") from e
     if wait_s is not None:
@@ -155,25 +165,55 @@ def connect(url: str, *, wait_s: float | None = 30.0, socket_timeout_s: float = 
     return client
 
 
+#: How long a command a person waits on (``gemq run``, ``create``, ``status`` ...) gives an
+#: unreachable Redis before it says so: long enough for a server that is still starting,
+#: short enough that a wrong URL is one line, not half a minute of retries.
+COMMAND_WAIT_S = 5.0
+#: While waiting longer (services, which wait for Redis as long as it takes), a reminder
+#: that they are still waiting, this often.
+_REMIND_EVERY_S = 30.0
+
+
 def wait_until_ready(url: str, wait_s: float) -> None:
-    """PING ``url`` until it answers, with a log line per failed attempt."""
-    deadline = time.monotonic() + wait_s
-    delay, attempt = 0.1, 0
+    """PING ``url`` until it answers, for up to ``wait_s`` seconds.
+
+    The first failed attempt is one warning saying how long it waits; the retries after it
+    are quiet (debug) but for a reminder every _REMIND_EVERY_S; the last one raises
+    RedisUnavailable with the last error and what to check.
+    """
+    started = time.monotonic()
+    deadline = started + wait_s
+    delay, attempt, reminded = 0.1, 0, started
     while True:
         attempt += 1
         try:
             with redis.Redis.from_url(url, socket_connect_timeout=2) as probe:
                 probe.ping()
+            if attempt > 1:
+                log.info("Redis at %s answered after %.1f s", redact(url),
+                         time.monotonic() - started)
             return
         except redis.AuthenticationError as e:
             raise RedisUnavailable(f"Redis at {redact(url)} refused the credentials: {e}") from e
         except _UNREACHABLE as e:
-            if time.monotonic() + delay > deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 raise RedisUnavailable(
-                    f"cannot reach Redis at {redact(url)} after {attempt} attempts: {e}") from e
-            log.warning("Redis at %s not reachable (%s); retrying in %.1fs",
-                        redact(url), e, delay)
-            time.sleep(delay)
+                    f"cannot reach Redis at {redact(url)} within {wait_s:g} s ({attempt} "
+                    f"attempts): {str(e).rstrip('.')}. Check that a Redis server runs "
+                    "there and that --redis-url (or GEMQ_REDIS_URL) names it") from e
+            if attempt == 1:
+                log.warning("Redis at %s not reachable (%s); waiting %s", redact(url), e,
+                            "until it answers" if wait_s == float("inf")
+                            else f"up to {wait_s:.0f} s")
+            elif now - reminded >= _REMIND_EVERY_S:
+                reminded = now
+                log.warning("still waiting for Redis at %s (%.0f s so far): %s",
+                            redact(url), now - started, e)
+            else:
+                log.debug("Redis at %s not reachable (%s); retrying in %.1fs",
+                          redact(url), e, delay)
+            time.sleep(min(delay, deadline - now))
             delay = min(delay * 2, 2.0)
 
 
@@ -231,9 +271,8 @@ class _NodePool(redis.ConnectionPool):
     or the parser, but it does use the pool class it is given."""
 
     def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("command_packer", ZeroCopyPacker())
         kwargs.setdefault("health_check_interval", 30)
-        for name, value in _reading_settings().items():
+        for name, value in {**_packing_settings(), **_reading_settings()}.items():
             kwargs.setdefault(name, value)
         super().__init__(**kwargs)
 

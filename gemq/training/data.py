@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from gemq.errors import SpecError
-from gemq.training.specs import is_import_spec, load_factory
+from gemq.training.specs import call_factory, is_import_spec
 
 SPLIT_SEED = 20180522  # the fixed seed of the built-in train/test splits
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
@@ -120,7 +120,7 @@ def _mnist_idx(directory: Path) -> DataSplit:
 
 
 def _from_factory(spec: str) -> DataSplit:
-    result = load_factory(spec, "dataset")()
+    result = call_factory(spec, "dataset")
     if (not isinstance(result, tuple | list) or len(result) != 2
             or not all(isinstance(d, Dataset) for d in result)):
         raise SpecError(f"dataset {spec!r} must return (train, test) torch Datasets, got "

@@ -35,6 +35,26 @@ def evaluate(model: nn.Module, dataset: Dataset, batch_size: int = 1000,
     return mean, (correct / max(count, 1) if classified else None)
 
 
+@torch.no_grad()
+def majority_share(dataset: Dataset, batch_size: int = 1000) -> float | None:
+    """The share of ``dataset``'s samples in its most common class: the accuracy of always
+    answering that class. None where the targets are not class indices."""
+    counts: torch.Tensor | None = None
+    for _, y in DataLoader(dataset, batch_size=batch_size):
+        if not (y.dim() == 1 and not y.dtype.is_floating_point) or bool((y < 0).any()):
+            return None
+        batch = torch.bincount(y)
+        if counts is None:
+            counts = batch
+        else:
+            size = max(len(counts), len(batch))
+            counts = (nn.functional.pad(counts, (0, size - len(counts)))
+                      + nn.functional.pad(batch, (0, size - len(batch))))
+    if counts is None:
+        return None
+    return float(counts.max()) / float(counts.sum())
+
+
 def class_hits(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor | None:
     """How many argmax predictions of ``out`` equal ``target``, where the targets are class
     indices (integers, one per sample, and one output per class); otherwise None. The count

@@ -6,7 +6,7 @@ the layout's (gemq/layout.py): parameters, then persistent buffers. Parameters b
 into one float32 buffer: loading a published vector is one copy (plus one transfer to the
 device). A step's output has the same layout: the loss's gradient for the parameters, then
 the change the step made to each buffer (BatchNorm's running statistics, its batch count),
-which the aggregator adds to the run's buffers.
+which the aggregator applies to the run's buffers (gemq/aggregation/rules.py).
 """
 
 from __future__ import annotations

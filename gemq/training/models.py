@@ -11,7 +11,7 @@ from torch import nn
 
 from gemq.errors import SpecError
 from gemq.layout import BUFFER_DTYPES, ParamLayout
-from gemq.training.specs import is_import_spec, load_factory
+from gemq.training.specs import call_factory, is_import_spec
 
 
 class PaperCNN(nn.Module):
@@ -118,7 +118,7 @@ def build_model(spec: str, in_features: int, num_classes: int) -> nn.Module:
     if not is_import_spec(spec):
         raise SpecError(f"unknown model {spec!r}: use one of {', '.join(BUILTIN_MODELS)} "
                         "or 'package.module:factory'")
-    model = load_factory(spec, "model")()
+    model = call_factory(spec, "model")
     if not isinstance(model, nn.Module):
         raise SpecError(f"model {spec!r} returned {type(model).__name__}, not a torch "
                         "nn.Module")
@@ -127,11 +127,33 @@ def build_model(spec: str, in_features: int, num_classes: int) -> nn.Module:
 
 def layout_of(model: nn.Module) -> ParamLayout:
     """The model's parameters, then its persistent buffers (those in its state_dict):
-    everything a worker's step changes and a saved model holds. Raises SpecError for a
-    buffer whose dtype the flat float32 state cannot carry."""
+    everything a worker's step changes and a saved model holds, with each buffer's
+    moving-average momentum (_buffer_momenta). Raises SpecError for a buffer whose dtype the
+    flat float32 state cannot carry."""
     params = [(name, tuple(p.shape)) for name, p in model.named_parameters()]
-    return ParamLayout.from_shapes(params, [(name, tuple(b.shape), _dtype_name(name, b))
+    momenta = _buffer_momenta(model)
+    return ParamLayout.from_shapes(params, [(name, tuple(b.shape), _dtype_name(name, b),
+                                             momenta.get(name, 0.0))
                                             for name, b in state_buffers(model)])
+
+
+def _buffer_momenta(model: nn.Module) -> dict[str, float]:
+    """The buffers that are exponential moving averages, by name, with their momentum m:
+    the running mean and variance of a normalisation layer that tracks running statistics
+    with a number for momentum (BatchNorm1d/2d/3d, SyncBatchNorm, InstanceNorm with
+    ``track_running_stats``). A training step makes them ``(1 - m) v + m b``, b the batch's
+    statistic. Not here (their changes are added as they are): the batch count, a layer
+    with ``momentum=None`` (a cumulative average, whose weight is 1 / batch count), and any
+    other buffer."""
+    momenta: dict[str, float] = {}
+    for prefix, module in model.named_modules():
+        momentum = getattr(module, "momentum", None)
+        if (isinstance(module, nn.modules.batchnorm._NormBase) and module.track_running_stats
+                and isinstance(momentum, int | float) and not isinstance(momentum, bool)):
+            for name in ("running_mean", "running_var"):
+                if isinstance(getattr(module, name, None), torch.Tensor):
+                    momenta[f"{prefix}.{name}" if prefix else name] = float(momentum)
+    return momenta
 
 
 def state_buffers(model: nn.Module) -> list[tuple[str, torch.Tensor]]:

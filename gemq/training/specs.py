@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from gemq.errors import SpecError
@@ -21,8 +23,12 @@ def load_factory(spec: str, what: str) -> Callable[..., Any]:
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # an import can fail in any way; say which spec failed and why
+        hint = ""
+        if isinstance(e, ModuleNotFoundError) and e.name == module_name.split(".")[0]:
+            hint = (f" (run gemq from the folder that holds {e.name}, or add that folder "
+                    f"to PYTHONPATH)")
         raise SpecError(f"{what} {spec!r}: cannot import {module_name!r}: "
-                        f"{type(e).__name__}: {e}") from e
+                        f"{type(e).__name__}: {e}{hint}") from e
     target: Any = module
     for part in attribute.split("."):
         if not hasattr(target, part):
@@ -31,6 +37,20 @@ def load_factory(spec: str, what: str) -> Callable[..., Any]:
     if not callable(target):
         raise SpecError(f"{what} {spec!r}: {attribute!r} is not callable")
     return target
+
+
+def call_factory(spec: str, what: str) -> Any:
+    """Load the ``module:factory`` spec and call it with no arguments. Whatever the user's
+    code raises becomes one SpecError naming the spec, the error and where it was raised
+    (the innermost frame), the original chained for a debugger."""
+    factory = load_factory(spec, what)
+    try:
+        return factory()
+    except Exception as e:
+        frames = traceback.extract_tb(e.__traceback__)
+        where = (f" ({Path(frames[-1].filename).name}, line {frames[-1].lineno}, in "
+                 f"{frames[-1].name})" if len(frames) > 1 else "")
+        raise SpecError(f"{what} {spec!r} raised {type(e).__name__}: {e}{where}") from e
 
 
 def spec_of(factory: Callable[..., Any]) -> str:

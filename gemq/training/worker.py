@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from gemq.config import RunConfig
-from gemq.errors import GemqError, PublishRefused
+from gemq.errors import ConfigError, GemqError, PublishRefused
 from gemq.logs import log_context
 from gemq.process import die_with_parent, graceful_shutdown, keep_freed_memory, setup_logging
 from gemq.state.connection import TRANSIENT_ERRORS, Backoff, connect
@@ -48,11 +48,26 @@ class WorkerOptions:
 
 
 def resolve_device(name: str) -> torch.device:
+    """The torch device a worker computes on: ``auto``, ``cpu`` or ``cuda[:N]`` (or another
+    device type torch knows). Anything else, or a CUDA device this machine lacks, is one
+    ConfigError naming the flag, raised before any process or Redis is started."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise GemqError(f"--device {name}: CUDA is not available on this machine")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ConfigError("device", f"unknown device {name!r}: use auto, cpu or "
+                                    f"cuda[:N]") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("device", f"{name}: CUDA is not available on this machine "
+                                        f"(use cpu or auto)")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError("device", f"{name}: this machine has "
+                                        f"{torch.cuda.device_count()} CUDA device(s)")
+    elif device.type != "cpu":
+        raise ConfigError("device", f"unknown device {name!r}: use auto, cpu or cuda[:N]")
+    return device
 
 
 class Worker:

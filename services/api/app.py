@@ -18,6 +18,7 @@ from fastapi.staticfiles import StaticFiles
 
 from gemq import __version__, logs
 from gemq.errors import GemqError
+from gemq.ports import check_port_free
 from gemq.state.connection import TRANSIENT_ERRORS, connect, redact
 
 from ..settings import LOOPBACK, ApiSettings, load
@@ -101,6 +102,8 @@ def check_binding(settings: ApiSettings) -> None:
 def serve(settings: ApiSettings) -> None:
     logs.configure(settings.log_level, settings.log_format)
     check_binding(settings)
+    check_port_free(settings.host, settings.port,
+                    "another gemq serve? choose a port with --port or GEMQ_PORT")
     # A malformed Redis URL is one clear error here, not a traceback from uvicorn's start-up.
     for url in filter(None, (settings.redis_url, settings.queue_url)):
         for client in redis_clients(url):

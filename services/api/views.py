@@ -10,9 +10,9 @@ import redis
 
 from gemq.errors import RunNotFound
 from gemq.records import combine
-from gemq.state.store import ENDED, Head, RunStore, now_ms, run_ids
+from gemq.state.store import ENDED, Head, RunState, RunStore, now_ms, run_ids
 
-from ..jobs import job_state
+from ..jobs import job_listeners, job_state
 
 #: A worker silent longer than this (ms) is shown as gone.
 ACTIVE_WINDOW_MS = 10_000
@@ -116,7 +116,24 @@ def run_view(store: RunStore, queue: redis.Redis) -> dict[str, Any]:
         "workers": [worker_view(w, s, now) for w, s in store.worker_states().items()],
         "workers_total": store.worker_count(),
         "error": store.status().get("error"),
+        "waiting": waiting_for(store, queue, now),
     }
+
+
+def waiting_for(store: RunStore, queue: redis.Redis, now: int) -> str | None:
+    """What a run that makes no progress waits for, where nothing else would tell: no
+    aggregator service takes its queued job, or no worker trains it; else None."""
+    status = store.status()
+    if (status["state"] == RunState.CREATED and status.get("job_id")
+            and job_listeners(queue, status["job_id"]) == 0):
+        return ("No aggregator service takes jobs from this run's queue: start one (gemq "
+                "aggregator --serve; on one machine, gemq serve --local) and the run starts.")
+    started = int(status.get("started_ms", 0))
+    if (status["state"] == RunState.RUNNING and started and now - started > ACTIVE_WINDOW_MS
+            and store.worker_count(since_ms=now - ACTIVE_WINDOW_MS) == 0):
+        return ("No worker is training this run: start workers (gemq worker --follow, or "
+                f"gemq worker --run {store.run_id}).")
+    return None
 
 
 def list_runs(client: redis.Redis, queue: redis.Redis,

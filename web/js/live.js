@@ -48,6 +48,7 @@ export function selectRun(id) {
   state.esFailures = 0;
   state.stopPending = false;
   state.knownWorkers = new Map();
+  state.zoom = null; // another run's range means nothing here
   if (location.hash !== `#run=${encodeURIComponent(id)}`) history.replaceState(null, "", `#run=${encodeURIComponent(id)}`);
   $("#no-run").hidden = true;
   $("#run-panel").hidden = false;

@@ -11,7 +11,7 @@ import { initStartForm } from "./form.js";
 import { loadRuns, runFromHash, selectRun, watchdog } from "./live.js";
 import { showMode } from "./modes.js";
 import { $, clearError } from "./page.js";
-import { invalidate, tickClock } from "./render.js";
+import { invalidate, tickClock, toggleLogLoss, zoomTo } from "./render.js";
 import { state } from "./state.js";
 
 const RUNS_POLL_MS = 5000;
@@ -71,6 +71,8 @@ function init() {
   $("#stop-button").addEventListener("click", () => state.selected && stopRun(state.selected));
   $("#start-run-button").addEventListener("click", () => state.selected && startExisting(state.selected));
   $("#error-close").addEventListener("click", clearError);
+  $("#zoom-reset").addEventListener("click", () => zoomTo(null));
+  $("#loss-log").addEventListener("click", toggleLogLoss);
   bindComparison();
   initStartForm(onStarted);
   window.addEventListener("hashchange", () => {

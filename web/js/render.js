@@ -59,6 +59,9 @@ function renderRunHead() {
   const err = v.error || jobError;
   $("#job-error").hidden = !err;
   $("#job-error").textContent = err ? `${v.state === "failed" ? "Run failed" : "Error"}: ${err}` : "";
+  // What a run that makes no progress waits for (no aggregator service, no worker).
+  $("#run-waiting").hidden = !v.waiting;
+  $("#run-waiting").textContent = v.waiting || "";
 
   const ended = ENDED.has(v.state);
   stop.disabled = ended || state.stopPending;
@@ -125,8 +128,12 @@ function renderCharts() {
   const rows = state.rows;
   // One x range (updates) for every chart, so that they line up.
   const xs = rows.map((r) => r.updates).filter(Number.isFinite);
-  const xDomain = xs.length ? [xs[0], xs[xs.length - 1]] : null;
-  const axis = rowsAxis(state.view);
+  const xDomain = state.zoom || (xs.length ? [xs[0], xs[xs.length - 1]] : null);
+  const axis = { ...rowsAxis(state.view), onZoom: zoomTo };
+  $("#zoom-reset").hidden = !state.zoom;
+  $("#zoom-hint").textContent = state.zoom
+    ? `updates ${fmtInt(state.zoom[0])} to ${fmtInt(state.zoom[1])}`
+    : "drag across a chart to zoom";
   const loss = seriesOf(rows, "loss");
   lineChart($("#loss-chart"), {
     series: [
@@ -134,6 +141,7 @@ function renderCharts() {
       { name: "smoothed", points: smooth(loss), cls: "s-main" },
     ],
     yZero: true, readout: $("#loss-readout"), hover: 0, xDomain, ...axis, legend: true, robust: true,
+    logY: state.logLoss,
   });
   const accuracy = seriesOf(rows, "accuracy");
   lineChart($("#accuracy-chart"), {
@@ -166,6 +174,18 @@ function renderCharts() {
   const tensors = (state.view && state.view.tensors) || [];
   const piMax = num(state.view && state.view.config && state.view.config.pi_max);
   heatmap($("#pi-heatmap"), tensors, rows, Number.isNaN(piMax) ? 5 : piMax, $("#pi-readout"));
+}
+
+// Every chart of the run shows the range dragged across one of them (null: everything).
+export function zoomTo(range) {
+  state.zoom = range;
+  invalidate("rows");
+}
+
+export function toggleLogLoss() {
+  state.logLoss = !state.logLoss;
+  $("#loss-log").setAttribute("aria-pressed", String(state.logLoss));
+  invalidate("rows");
 }
 
 // Once a second: relative times move on without new data.

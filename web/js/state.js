@@ -24,6 +24,8 @@ export const state = {
   knownWorkers: new Map(), // worker id -> time first seen on this page
   dirty: { rows: false, view: false },
   frame: 0,
+  zoom: null, // the x range (updates) the run's charts show, or null: all of it
+  logLoss: false, // the loss chart's y axis is logarithmic
   mode: "run", // what the main area shows: "run" (the selected run) or "compare"
   compare: {
     runs: [], // in the order picked: {id, colour, columns, lastId, final, busy, error}
