@@ -38,6 +38,7 @@ from gemq.config import (
     LIMITS,
     TRAINING,
     TRANSPORT,
+    USER_SETTINGS,
     make_config,
     validate_settings,
 )
@@ -110,6 +111,10 @@ def build_parser() -> Parser:
                      help="also write the curves as TensorBoard scalars to DIR/<run-id> "
                           "(needs pip install 'gemq[tensorboard]')")
     _add_init_from(run)
+    run.add_argument("--resume", default=None, metavar="RUN_DIR|RUN_ID",
+                     help="continue an interrupted run with its whole state (parameters, "
+                          "update count, GEM moments, curves): its folder (runs/<id>), or "
+                          "with --redis-url, its id; training settings come from the run")
     add_config(run)
 
     create = _command(commands, "create", "create a run in Redis for remote workers",
@@ -279,14 +284,7 @@ def _run_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     with raise_on_termination():  # from the first moment: a SIGTERM while torch loads too
-        from gemq.running.local import train
-
-        summary = train(workers=args.workers, worker_processes=args.worker_processes,
-                        redis_url=args.redis_url, out_dir=args.out,
-                        progress=not args.no_progress, device=args.device,
-                        init_from=args.init_from, local_cluster=args.local_cluster,
-                        tensorboard=args.tensorboard, dashboard=args.dashboard,
-                        **_run_settings(args))
+        summary = _resume(args) if args.resume else _train(args)
     if args.json:
         summary.write_json(args.json)
     _print_summary(summary)
@@ -297,6 +295,36 @@ def _cmd_run(args: argparse.Namespace) -> int:
               "(--accept-poor-result exits 0)", file=sys.stderr)
         return EXIT_POOR_RESULT
     return 0
+
+
+def _train(args: argparse.Namespace) -> RunSummary:
+    from gemq.running.local import train
+
+    return train(workers=args.workers, worker_processes=args.worker_processes,
+                 redis_url=args.redis_url, out_dir=args.out, progress=not args.no_progress,
+                 device=args.device, init_from=args.init_from,
+                 local_cluster=args.local_cluster, tensorboard=args.tensorboard,
+                 dashboard=args.dashboard, **_run_settings(args))
+
+
+def _resume(args: argparse.Namespace) -> RunSummary:
+    from gemq.running.local import LocalOptions
+    from gemq.running.resume import resume
+
+    defaults = {s.name: s.default for s in USER_SETTINGS}
+    given = sorted(name for name, value in _run_settings(args).items()
+                   if value != defaults.get(name))
+    given += ["init_from"] if args.init_from else []
+    if given:
+        flags = ", ".join("--run" if g == "run_id" else "--" + g.replace("_", "-")
+                          for g in given)
+        raise ConfigError("--resume", f"continues a run with its own settings; drop {flags} "
+                                      "(or the GEMQ_ variables or --config keys that set them)")
+    return resume(args.resume, LocalOptions(
+        workers=args.workers, worker_processes=args.worker_processes,
+        redis_url=args.redis_url, out_dir=args.out, progress=not args.no_progress,
+        device=args.device, local_cluster=args.local_cluster,
+        tensorboard=args.tensorboard, dashboard=args.dashboard))
 
 
 def _print_summary(s: RunSummary) -> None:

@@ -88,12 +88,14 @@ def _sigint_default() -> None:
 class GemqProcess:
     """``python -m gemq ARGS`` as a child process; its output goes to a temporary file."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None,
+                 cwd: Path | None = None) -> None:
         self.log = tempfile.NamedTemporaryFile(prefix="gemq-proc-", suffix=".log")  # noqa: SIM115 (closed by stop())
         # A session of its own: stop() reaps its children too (rq's work horses).
         self.process = subprocess.Popen([sys.executable, "-m", "gemq", *args],
                                         stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                        start_new_session=True, preexec_fn=_sigint_default)
+                                        cwd=cwd, start_new_session=True,
+                                        preexec_fn=_sigint_default)
 
     def output(self) -> str:
         return Path(self.log.name).read_text(errors="replace")

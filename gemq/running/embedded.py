@@ -83,7 +83,8 @@ class EmbeddedRedis:
         #: (Linux): a private Redis must not outlive the run that owns it.
         self.die_with_owner = die_with_owner
         self._own_dir = directory is None
-        self.directory = Path(directory or tempfile.mkdtemp(prefix="gemq-redis-"))
+        # Absolute: the server starts in it, and is given it again as its --dir.
+        self.directory = Path(directory or tempfile.mkdtemp(prefix="gemq-redis-")).absolute()
         self.process: subprocess.Popen[bytes] | None = None
 
     @property

@@ -44,9 +44,9 @@ from gemq.records.tensorboard_curves import require_tensorboard
 from gemq.records.verdict import poor_result
 from gemq.running.cluster import EmbeddedCluster
 from gemq.running.dashboard import local_dashboard
-from gemq.running.embedded import EmbeddedRedis
 from gemq.running.modelfile import ModelFile
 from gemq.running.runs import create_run
+from gemq.running.savedstate import SavedState, state_file
 from gemq.state.connection import (
     COMMAND_WAIT_S,
     connect,
@@ -55,7 +55,7 @@ from gemq.state.connection import (
     wait_until_ready,
 )
 from gemq.state.retention import release_if_ended
-from gemq.state.store import ENDED, RunState, RunStore
+from gemq.state.store import ENDED, RunState, RunStore, now_ms
 from gemq.training.data import DataSplit, load_dataset
 from gemq.training.evaluate import evaluate, majority_share
 from gemq.training.losses import load_loss
@@ -164,6 +164,9 @@ def output_dir(options: LocalOptions, run_id: str) -> Path:
 def refuse_to_overwrite(out: Path) -> None:
     """A folder that holds an earlier run's results is not written over: a second
     ``gemq run --run myexp`` would replace the first one's model and curves."""
+    if state_file(out).exists():
+        raise RunExists(f"{out} holds the state of an interrupted run: continue it with "
+                        f"gemq run --resume {out}, or give another --run or --out")
     held = [name for name in RESULT_FILES if (out / name).exists()]
     if held:
         raise RunExists(f"{out} already holds a run's results ({', '.join(held)}); give "
@@ -200,38 +203,52 @@ def run_local(config: RunConfig, options: LocalOptions, data: DataSplit | None =
     out = output_dir(options, config.run_id)
     refuse_to_overwrite(out)
     data = data or load_dataset(config.dataset)
-    model = build_model(config.model, data.in_features, data.num_classes)
-    started = time.monotonic()
     # SIGTERM and SIGHUP unwind like Ctrl-C: children stopped, the private Redis with them.
-    with raise_on_termination(), _redis(options) as url, \
-            local_dashboard(url, options.dashboard, out / "dashboard.log") as dashboard:
+    with raise_on_termination(), local_redis(options, out) as (url, state), \
+            connected(url) as client:
+        store = create_run(client, config, data, init_from)
+        if options.redis_url is None:
+            refuse_oversized_values(client, store, config)
+        _write_config_file(out / CONFIG_FILE, config, options)
+        return train_run(url, state, client, store, options, data, out)
+
+
+def train_run(url: str, state: SavedState | None, client: redis.Redis, store: RunStore,
+              options: LocalOptions, data: DataSplit, out: Path,
+              resumed: bool = False) -> RunSummary:
+    """Train ``store``'s run (new, or ``resumed``) to its end with this machine's processes,
+    writing its results to ``out``; ``state``: the private Redis' saved state, if any."""
+    config = store.config()
+    model = build_model(config.model, data.in_features, data.num_classes)
+    started, started_ms = time.monotonic(), now_ms()
+    with local_dashboard(url, options.dashboard, out / "dashboard.log") as dashboard:
         if dashboard is not None:
             print(f"run {config.run_id}: dashboard at {dashboard.url}", file=sys.stderr,
                   flush=True)
-        client = connect(url)
+        model_file = ModelFile(store, model, out / MODEL_FILE)
+        if state is not None:
+            state.arm(client)
         try:
-            store = create_run(client, config, data, init_from)
-            if options.redis_url is None:
-                _refuse_oversized_values(client, store, config)
-            model_file = ModelFile(store, model, out / MODEL_FILE)
-            _write_config_file(out / CONFIG_FILE, config, options)  # with the first results
-            try:
-                with CurveRecorder(store, out / CURVES_FILE, options.tensorboard) as curves:
-                    _supervise(url, store, config, options, model_file, curves)
-                for shard in store.shards():  # again: workers published after it
-                    release_if_ended(shard, store.state())
-            except BaseException:  # Ctrl-C, SIGTERM, a failed run: keep what was learnt
-                model_file.save_on_the_way_out()
-                raise
-            summary = run_totals(store)
-            summary["workers_joined"] = store.worker_count() - sum(
-                store.registered(_worker_ids(config.run_id, options.workers)))
-            summary["redis"] = (redact(options.redis_url) if options.redis_url
-                                else f"embedded cluster of {options.local_cluster} masters"
-                                if options.local_cluster else "embedded")
-            model_file.save()
-        finally:
-            client.close()
+            with CurveRecorder(store, out / CURVES_FILE, options.tensorboard,
+                               append=resumed) as curves:
+                _supervise(url, store, config, options, model_file, curves,
+                           lambda: state.save_if_due(client) if state else None)
+            for shard in store.shards():  # again: workers published after it
+                release_if_ended(shard, store.state())
+        except BaseException:  # Ctrl-C, SIGTERM, a failed run: keep what was learnt
+            model_file.save_on_the_way_out()
+            keep_for_resume(store, state, url, out, options)
+            raise
+        if state is not None:
+            state.discard(client)
+        summary = run_totals(store)
+        # Heard from during this call: a resumed run's earlier workers are not counted.
+        summary["workers_joined"] = len(store.workers_since(started_ms)
+                                        - set(_worker_ids(config.run_id, options.workers)))
+        summary["redis"] = (redact(options.redis_url) if options.redis_url
+                            else f"embedded cluster of {options.local_cluster} masters"
+                            if options.local_cluster else "embedded")
+        model_file.save()
         summary["wall_time_s"] = round(time.monotonic() - started, 3)
         result = _finish(config, options, data, model, out, summary)
         if dashboard is not None:
@@ -242,21 +259,63 @@ def run_local(config: RunConfig, options: LocalOptions, data: DataSplit | None =
 
 
 @contextlib.contextmanager
-def _redis(options: LocalOptions) -> Iterator[str]:
+def connected(url: str) -> Iterator[redis.Redis]:
+    client = connect(url)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def local_redis(options: LocalOptions, out: Path) -> Iterator[tuple[str, SavedState | None]]:
+    """The URL of the run's Redis, and its saved state: the private Redis of a run keeps
+    its data in the run's folder (gemq.running.savedstate); a Redis the user names, or a
+    private cluster, keeps none there."""
     if options.redis_url:
-        yield options.redis_url
+        yield options.redis_url, None
         return
     if options.local_cluster:
         with EmbeddedCluster(options.local_cluster, die_with_owner=True) as cluster:
             log.info("started a private Redis Cluster on ports %s", cluster.ports)
-            yield cluster.url
+            yield cluster.url, None
         return
-    with EmbeddedRedis(die_with_owner=True) as server:
-        log.info("started a private redis-server on port %d", server.port)
-        yield server.url
+    state = SavedState(out)
+    try:
+        with state.server() as server:
+            log.info("started a private redis-server on port %d", server.port)
+            yield server.url, state
+    finally:
+        state.remove()
 
 
-def _refuse_oversized_values(client: redis.Redis, store: RunStore, config: RunConfig) -> None:
+def keep_for_resume(store: RunStore, state: SavedState | None, url: str, out: Path,
+                    options: LocalOptions) -> None:
+    """An interrupted run that has not ended keeps its state, and says how to go on; one
+    that has (failed, or finished as it was interrupted) keeps none."""
+    try:
+        running = store.state() not in ENDED
+    except redis.RedisError as e:
+        log.warning("could not read the run's state on the way out: %s", e)
+        return
+    if not running:
+        if state is not None:
+            with contextlib.suppress(redis.RedisError), connect(url) as client:
+                state.discard(client)
+        return
+    if options.local_cluster:
+        log.warning("the run's state lived in its private cluster, which stops now: start "
+                    "a new run from the model with --init-from %s", out / MODEL_FILE)
+        return
+    if state is None:
+        log.warning("the run stays in the Redis at %s: continue it with gemq run --resume "
+                    "%s --redis-url URL", redact(url), store.run_id)
+    elif state.keep(url):
+        log.warning("saved the run's whole state to %s: continue it with gemq run "
+                    "--resume %s", state.file, out)
+
+
+def refuse_oversized_values(client: redis.Redis, store: RunStore, config: RunConfig) -> None:
     """Make the private Redis refuse any value larger than this run's largest legal one (a
     parameter vector or a gradient message): an oversized stream entry is then refused when
     it is written, and never reaches the aggregator's memory."""
@@ -270,7 +329,8 @@ def _refuse_oversized_values(client: redis.Redis, store: RunStore, config: RunCo
 
 
 def _supervise(url: str, store: RunStore, config: RunConfig, options: LocalOptions,
-               model_file: ModelFile, curves: CurveRecorder) -> None:
+               model_file: ModelFile, curves: CurveRecorder,
+               save_state_if_due: Callable[[], None]) -> None:
     """Start the processes, show progress, and wait for the aggregator to end the run."""
     context = mp.get_context("spawn")
     aggregators = [context.Process(target=aggregator_main,
@@ -303,6 +363,7 @@ def _supervise(url: str, store: RunStore, config: RunConfig, options: LocalOptio
             display.poll()
             curves.poll()
             model_file.save_if_due()
+            save_state_if_due()
             if not any(w.is_alive() for w in workers):
                 if store.state() in ENDED:  # they left because the run ended
                     for aggregator in aggregators:

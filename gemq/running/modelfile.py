@@ -55,5 +55,4 @@ class ModelFile:
         except Exception as e:  # Redis may be gone already; the original error matters more
             log.warning("could not save the model on the way out: %s", e)
             return
-        log.warning("saved the model as of update %d to %s (resume with --init-from)",
-                    version, self.path)
+        log.warning("saved the model as of update %d to %s", version, self.path)

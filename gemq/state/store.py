@@ -360,6 +360,10 @@ class RunStore:
         """Workers registered with the run (heard from since ``since_ms``, if given)."""
         return int(self._r.zcount(self.keys.workers, since_ms, "+inf"))
 
+    def workers_since(self, since_ms: int) -> set[str]:
+        """The ids of the workers heard from since ``since_ms``."""
+        return {w.decode() for w in self._r.zrangebyscore(self.keys.workers, since_ms, "+inf")}
+
     def registered(self, worker_ids: list[str]) -> list[bool]:
         """Whether each worker has published to this run (in one round trip)."""
         if not worker_ids:
