@@ -128,6 +128,11 @@ class RunConfig:
                         "in the wire dtype", group=COMPUTE, choices=AMP_MODES)
     seed: int = _setting(0, "seed of the initial parameters and the minibatch order",
                          low=0, high=2**32 - 1)
+    #: A worker evaluates the parameters it loads on held-out samples whenever this many
+    #: more updates were applied (gemq/training/heldout.py); the metrics carry the result.
+    eval_every: int = _setting(200, "evaluate the parameters on held-out samples (the first "
+                               "512 of the test set) every this many updates; 0: never",
+                               group=COMPUTE, low=0, high=10**9)
     #: A gradient computed on parameters more than this many updates old is rejected.
     max_staleness: int = _setting(512, "gradients staler than this many updates are "
                                   "rejected", low=0, high=10**6)

@@ -24,7 +24,7 @@ DEFAULTS = {
     "worker_timeout_s": 60.0, "max_message_bytes": 0, "wire_dtype": "float32",
     "publish_every": 1, "publish_interval_ms": 0, "max_rejected_in_a_row": 1000,
     "stall_timeout_s": 120.0, "loss": "cross_entropy", "amp": "off",
-    "checkpoint_overhead": 0.05, "shards": 1,
+    "checkpoint_overhead": 0.05, "shards": 1, "eval_every": 200,
 }
 
 
@@ -216,6 +216,8 @@ def test_every_key_of_a_run_carries_the_hash_tag() -> None:
         "lease": "gemq:{exp-1}:lease",
         "staging": "gemq:{exp-1}:staging:host:1:ab",
         "moments": "gemq:{exp-1}:moments",
+        "evaluation": "gemq:{exp-1}:evaluation",
+        "evaluation_claim": "gemq:{exp-1}:evaluation_claim",
         "moment": "gemq:{exp-1}:moment:w-1",
         "staged_moment": "gemq:{exp-1}:staging:host:1:ab:moment:w-1",
     }

@@ -152,8 +152,13 @@ def test_a_run_lives_in_containers(network: Network, images: dict[str, BuiltImag
     scaled_down = [stop(name, GRACE_S["worker"]) for name in workers[1:]]
     wait_for(lambda: _active_workers(api) == 1, 60, "one active worker again")
 
-    # Kill the leading aggregator's container: the standby takes the run over.
-    leader = _view(api)["shards"][0]["leader"]
+    # Kill the leading aggregator's container: the standby takes the run over. (No leader
+    # for a moment is a lease that lapsed on a loaded machine, and the next term's leader
+    # is the one to kill.)
+    wait_for(lambda: _view(api)["shards"][0]["leader"] is not None, 60, "a leader")
+    view = _view(api)
+    assert view["state"] == "running", view
+    leader = view["shards"][0]["leader"]
     killed = next(n for n in ("gemq-test-aggregator-a", "gemq-test-aggregator-b")
                   if leader.startswith(n))
     before = _updates(api)

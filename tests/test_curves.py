@@ -20,7 +20,14 @@ import redis
 
 from gemq import cli
 from gemq.records import curves
-from gemq.records.curves import BASE_COLUMNS, CurveReader, CurveRows, UpdateRate, columns
+from gemq.records.curves import (
+    BASE_COLUMNS,
+    HELD_OUT,
+    CurveReader,
+    CurveRows,
+    UpdateRate,
+    columns,
+)
 from gemq.records.export import export_curves
 from gemq.running.embedded import EmbeddedRedis
 from gemq.state.store import RunStore
@@ -49,7 +56,8 @@ def test_the_header_names_the_base_columns_then_a_pi_column_per_tensor() -> None
     assert columns(["conv.weight", "fc.bias"]) == [
         "stream_id", "t_ms", "updates", "applied", "rejected", "loss", "accuracy",
         "energy_ratio", "median_pi", "staleness_mean", "staleness_max", "active_workers",
-        "e_central", "e_proxy", "updates_per_s", "pi:conv.weight", "pi:fc.bias"]
+        "e_central", "e_proxy", "updates_per_s", "eval_updates", "test_loss", "test_accuracy",
+        "pi:conv.weight", "pi:fc.bias"]
 
 
 def test_a_row_is_typed_and_has_no_nan() -> None:
@@ -57,13 +65,15 @@ def test_a_row_is_typed_and_has_no_nan() -> None:
     fields = {"t_ms": "1000", "updates": "5", "applied": "5", "rejected": "1",
               "loss": "0.25", "accuracy": "0.75", "energy_ratio": "nan", "median_pi": "1.5",
               "staleness_mean": "2.5", "staleness_max": "4", "active_workers": "3",
-              "e_central": "0.5", "e_proxy": "0", "pi_tensors": "[0.5, null, 2]"}
+              "e_central": "0.5", "e_proxy": "0", "pi_tensors": "[0.5, null, 2]",
+              "eval_updates": "4", "test_loss": "0.5", "test_accuracy": "0.875"}
     row = rows.row("1000-0", fields)
     assert row == {"stream_id": "1000-0", "t_ms": 1000, "updates": 5, "applied": 5,
                    "rejected": 1, "loss": 0.25, "accuracy": 0.75, "energy_ratio": None,
                    "median_pi": 1.5,
                    "staleness_mean": 2.5, "staleness_max": 4, "active_workers": 3,
-                   "e_central": 0.5, "e_proxy": 0.0, "updates_per_s": None, "pi:a": 0.5,
+                   "e_central": 0.5, "e_proxy": 0.0, "updates_per_s": None,
+                   "eval_updates": 4, "test_loss": 0.5, "test_accuracy": 0.875, "pi:a": 0.5,
                    "pi:b": None, "pi:c": 2.0}
     assert list(row) == rows.columns
     later = rows.row("1001-0", {"t_ms": "1500", "updates": "9"})  # fields missing: None
@@ -152,11 +162,13 @@ def test_export_help_shows_defaults_and_an_example(capsys: pytest.CaptureFixture
 
 def test_a_row_for_every_base_column() -> None:
     """The columns are exactly the metrics stream's fields (pi_tensors spread over the
-    tensors), plus the id and the dashboard's rate: nothing the dashboard plots is lost."""
+    tensors, and the held-out evaluation a commit carries), plus the id and the dashboard's
+    rate: nothing the dashboard plots is lost."""
     from gemq.aggregation.window import CommitWindow
 
     fields = CommitWindow().metrics(0, 0, [1.0])
-    assert set(fields) - {"pi_tensors"} | {"stream_id", "updates_per_s"} == set(BASE_COLUMNS)
+    assert (set(fields) - {"pi_tensors"} | {"stream_id", "updates_per_s"} | set(HELD_OUT)
+            == set(BASE_COLUMNS))
 
 
 def test_tensorboard_without_its_extra_is_one_error_before_the_run(tmp_path: Path) -> None:
@@ -244,9 +256,10 @@ def test_gemq_run_writes_the_same_scalars_to_tensorboard(
     # scalars; every other one has its tag.
     tags = {"applied", "rejected", "loss", "accuracy", "energy_ratio", "median_pi",
             "staleness_mean", "staleness_max", "active_workers", "e_central", "e_proxy",
-            "updates_per_s", "pi/net.1.weight", "pi/net.1.bias", "pi/net.3.weight", "pi/net.3.bias"}
+            "updates_per_s", *HELD_OUT, "pi/net.1.weight", "pi/net.1.bias", "pi/net.3.weight",
+            "pi/net.3.bias"}
     empty = {c.replace("pi:", "pi/") for c in rows[0] if not any(r[c] for r in rows)}
-    assert empty <= {"updates_per_s"}
+    assert empty <= {"updates_per_s", *HELD_OUT}  # a run shorter than eval_every has none
     assert set(events.Tags()["scalars"]) == tags - empty
     for tag, column in (("loss", "loss"), ("updates_per_s", "updates_per_s"),
                         ("pi/net.1.bias", "pi:net.1.bias")):

@@ -400,6 +400,8 @@ def test_gemq_serve_local_trains_what_the_start_button_starts() -> None:
             page.fill("#f-dataset", "digits")
             page.select_option("#f-budget-kind", "steps")
             page.fill("#f-budget", "300")
+            page.click("details[data-group=compute] summary")
+            page.fill("#f-eval_every", "100")
             page.click("#start-button")
             page.wait_for_function(
                 "document.querySelector('#form-message').textContent.startsWith('Started ')",
@@ -411,6 +413,19 @@ def test_gemq_serve_local_trains_what_the_start_button_starts() -> None:
             page.wait_for_function("document.querySelector('#run-state').textContent"
                                    " === 'finished'", timeout=120_000)
             assert page.text_content("#stat-updates") == "300"
+            # A service run is evaluated on held-out samples as it trains, every 100 updates
+            # here: by the worker service, into the metrics the API serves and the page draws.
+            held_out = httpx.get(f"{url}api/runs/{run_id}/series",
+                                 params={"fields": "eval_updates,test_accuracy"},
+                                 timeout=10).json()["columns"]
+            evaluated = [(u, a) for u, a in zip(held_out["eval_updates"],
+                                                held_out["test_accuracy"], strict=True)
+                         if u is not None]
+            assert [u // 100 for u, _ in evaluated] == [1, 2], evaluated
+            assert all(0.5 < a <= 1 for _, a in evaluated), evaluated
+            line = page.get_attribute('#accuracy-chart polyline[data-series="held-out"]',
+                                      "data-points")
+            assert line == "2", line
             assert dialogs == []  # loopback without a token: nothing to ask
             assert errors == []
             page.screenshot(path=str(ARTIFACTS / "serve-local.png"), full_page=True)

@@ -111,7 +111,13 @@ def test_ctrl_c_then_resume_goes_on_with_the_whole_state(tmp_path: Path) -> None
     assert summary["updates_applied"] == 4000  # the budget, counted from the run's start
     assert summary["test_accuracy"] > 0.85
     assert not state_file(out).parent.exists()  # an ended run keeps no state
-    _assert_one_curve(_curve(out / "metrics.csv"), version, 4000)
+    rows = _curve(out / "metrics.csv")
+    _assert_one_curve(rows, version, 4000)
+    # Held-out evaluations every 200 updates (the default), before and after the resume.
+    evaluated = [(int(row["eval_updates"]), float(row["test_accuracy"])) for row in rows
+                 if row["eval_updates"]]
+    assert [u // 200 for u, _ in evaluated] == list(range(1, 20)), evaluated
+    assert abs(evaluated[-1][1] - summary["test_accuracy"]) < 0.05  # digits: 360 held out
 
     again = _gemq("run", "--resume", str(out), "--no-progress")
     assert again.returncode == 1

@@ -32,12 +32,17 @@ CURVES_FILE = "metrics.csv"
 FORMATS = ("csv", "jsonl")
 PI_PREFIX = "pi:"
 #: Stream fields that hold whole numbers, and those that hold real numbers.
-COUNTS = ("t_ms", "updates", "applied", "rejected", "staleness_max", "active_workers")
+#: A row's held-out columns are filled where a held-out evaluation landed (every
+#: eval_every updates: gemq/training/heldout.py), of the parameters at ``eval_updates``.
+HELD_OUT = ("eval_updates", "test_loss", "test_accuracy")
+COUNTS = ("t_ms", "updates", "applied", "rejected", "staleness_max", "active_workers",
+          "eval_updates")
 MEASURES = ("loss", "accuracy", "energy_ratio", "median_pi", "staleness_mean", "e_central",
-            "e_proxy")
+            "e_proxy", "test_loss", "test_accuracy")
 BASE_COLUMNS = ("stream_id", "t_ms", "updates", "applied", "rejected", "loss", "accuracy",
                 "energy_ratio", "median_pi", "staleness_mean", "staleness_max",
-                "active_workers", "e_central", "e_proxy", "updates_per_s")
+                "active_workers", "e_central", "e_proxy", "updates_per_s", "eval_updates",
+                "test_loss", "test_accuracy")
 #: updates_per_s: the rate over the last RATE_WINDOW_MS of wall time, left empty until the
 #: rows span RATE_MIN_SPAN_MS (web/js/series.js's rateSeries: the dashboard's chart).
 RATE_WINDOW_MS = 2000

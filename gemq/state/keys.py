@@ -140,6 +140,17 @@ class RunKeys:
         return self._key(f"staging:{token}")
 
     @property
+    def evaluation(self) -> str:
+        """Hash: the newest held-out evaluation (eval_updates, test_loss, test_accuracy),
+        until a commit moves it into its metrics entry."""
+        return self._key("evaluation")
+
+    @property
+    def evaluation_claim(self) -> str:
+        """The index (updates // eval_every) of the newest evaluation a worker has claimed."""
+        return self._key("evaluation_claim")
+
+    @property
     def moments(self) -> str:
         """Hash: worker id -> the version whose commit checkpointed its GEM moment."""
         return self._key("moments")

@@ -27,12 +27,13 @@ return 1
 #: Every key is the shard's (one slot): the run's status is set apart (CONCLUDE), once the
 #: shards have their final states.
 #: KEYS: lease, head, versions, gradients, metrics, counters, new params, staged params,
-#:       moments index, then plan.n_drop snapshot keys to delete, one key per
+#:       moments index, evaluation, then plan.n_drop snapshot keys to delete, one key per
 #:       plan.workers entry, (staged, final) moment keys per plan.checkpoint entry, and one
 #:       moment key per plan.forget entry.
 #: ARGV: token, lease_ms, msgpack plan.
 #: Everything a batch changes lands in this one atomic step: parameters, head, the XACK of
-#: the batch, trimming, metrics, counters and worker state. The trim drops every entry up
+#: the batch, trimming, metrics, counters and worker state. A held-out evaluation a worker
+#: left since the last commit goes into this one's metrics entry. The trim drops every entry up
 #: to the last one applied, that one included: the stream's length, which workers'
 #: backpressure compares with max_pending, then counts only entries not applied yet. It
 #: never passes an entry still pending outside this window (a deposed leader's read may
@@ -65,7 +66,7 @@ if plan.publish then
   redis.call('PERSIST', KEYS[7])
   redis.call('ZADD', KEYS[3], plan.version, plan.version)
 end
-local fixed = 9
+local fixed = 10
 for i = 1, plan.n_drop do
   redis.call('DEL', KEYS[fixed + i])
   redis.call('ZREM', KEYS[3], plan.drop[i])
@@ -84,6 +85,9 @@ if #plan.ack > 0 then
   redis.call('XDEL', KEYS[4], plan.last_id)
 end
 if #plan.metrics > 0 then
+  local evaluation = redis.call('HGETALL', KEYS[10])
+  for _, v in ipairs(evaluation) do table.insert(plan.metrics, v) end
+  if #evaluation > 0 then redis.call('DEL', KEYS[10]) end
   redis.call('XADD', KEYS[5], 'MAXLEN', '~', plan.metrics_maxlen, '*', unpack(plan.metrics))
 end
 for field, n in pairs(plan.counters) do
@@ -130,6 +134,16 @@ redis.call('HINCRBY', KEYS[3], 'published', 1)
 redis.call('HINCRBY', KEYS[2], 'steps', 1)
 redis.call('HSET', KEYS[2], 'heartbeat_ms', ARGV[2])
 redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1])
+return 1
+"""
+
+#: KEYS: evaluation claim.  ARGV: index.  A worker claims the held-out evaluation of
+#: ``index`` (updates // eval_every); 1 if it is the first to, 0 if that or a later one was
+#: claimed already.
+CLAIM_EVALUATION = """
+local claimed = tonumber(redis.call('GET', KEYS[1]) or '-1')
+if tonumber(ARGV[1]) <= claimed then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
 return 1
 """
 

@@ -108,6 +108,7 @@ class RunStore:
         self.keys = RunKeys(run_id, shard, tag)
         self._fail = client.register_script(scripts.FAIL)
         self._conclude = client.register_script(scripts.CONCLUDE)
+        self._claim_evaluation = client.register_script(scripts.CLAIM_EVALUATION)
 
     def _stored_tag(self, run_id: str, shard: int) -> str | None:
         """The tag run creation placed ``shard`` under; None: it kept its default."""
@@ -359,6 +360,18 @@ class RunStore:
     def worker_count(self, since_ms: int = 0) -> int:
         """Workers registered with the run (heard from since ``since_ms``, if given)."""
         return int(self._r.zcount(self.keys.workers, since_ms, "+inf"))
+
+    def claim_evaluation(self, index: int) -> bool:
+        """True for the first worker to claim held-out evaluation ``index``."""
+        return bool(self._claim_evaluation(keys=[self.keys.evaluation_claim], args=[index]))
+
+    def record_evaluation(self, updates: int, loss: float, accuracy: float | None) -> None:
+        """Leave a held-out evaluation of the parameters at ``updates`` for the next commit
+        to put into its metrics entry."""
+        fields = {"eval_updates": updates, "test_loss": f"{loss:.6g}"}
+        if accuracy is not None:
+            fields["test_accuracy"] = f"{accuracy:.6g}"
+        self._r.hset(self.keys.evaluation, mapping=fields)
 
     def workers_since(self, since_ms: int) -> set[str]:
         """The ids of the workers heard from since ``since_ms``."""

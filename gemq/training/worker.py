@@ -28,6 +28,7 @@ from gemq.telemetry import SILENT_WORKER, WorkerObserver
 from gemq.threads import run_together
 from gemq.training.data import DataSplit, load_dataset, minibatches, worker_seed
 from gemq.training.flatmodel import FlatModel
+from gemq.training.heldout import HeldOutEvaluation
 from gemq.training.losses import load_loss
 from gemq.training.models import build_model, layout_of
 from gemq.training.shardset import RunShards, SharedReads
@@ -83,8 +84,10 @@ class Worker:
         self.device = resolve_device(self.options.device)
         self.layout_id = store.layout().layout_id
         self.shards = RunShards(store, shared)
-        self.net = FlatModel(self._build_model(data), self.device, load_loss(config.loss),
-                             config.loss, config.amp)
+        loss = load_loss(config.loss)
+        self.net = FlatModel(self._build_model(data), self.device, loss, config.loss,
+                             config.amp)
+        self.held_out = HeldOutEvaluation(store, config, data.test, loss)
         self.batches = minibatches(data.train, config.batch_size,
                                    worker_seed(config.seed, worker_id))
         self.steps = 0
@@ -158,6 +161,7 @@ class Worker:
             return True
         self._load_newer({k: v.version for k, v in enumerate(views)
                           if v.version != self.versions[k]})
+        self.held_out.evaluate_if_due(self.version, self.net.model)
         started = time.perf_counter()
         step = self.net.gradient(*next(self.batches))
         shards = self.shards.plan.shards

@@ -122,6 +122,12 @@ export function lineChart(el, opts) {
     if (!pts.length) continue;
     const d = pts.map(([x, y]) => `${sx(x).toFixed(1)},${sy(y).toFixed(1)}`).join(" ");
     parts.push(`<polyline class="line ${s.cls || ""}"${strokeOf(s)} data-series="${esc(s.id || s.name)}" data-points="${s.points.length}" points="${d}"><title>${esc(s.name)}</title></polyline>`);
+    // A sparse series (a point every few hundred updates) also marks its points.
+    if (s.markers) {
+      for (const [x, y] of pts) {
+        parts.push(`<circle class="marker ${s.cls || ""}" cx="${sx(x).toFixed(1)}" cy="${sy(y).toFixed(1)}" r="3"/>`);
+      }
+    }
   }
   parts.push("</g>");
   if (clippedAt !== null) {

@@ -139,6 +139,7 @@ function renderCharts() {
     series: [
       { name: "loss", points: loss, cls: "s-raw" },
       { name: "smoothed", points: smooth(loss), cls: "s-main" },
+      { name: "held-out", points: seriesOf(rows, "test_loss", "eval_updates"), cls: "s-heldout", markers: true },
     ],
     yZero: true, readout: $("#loss-readout"), hover: 0, xDomain, ...axis, legend: true, robust: true,
     logY: state.logLoss,
@@ -148,6 +149,7 @@ function renderCharts() {
     series: [
       { name: "accuracy", points: accuracy, cls: "s-raw" },
       { name: "smoothed", points: smooth(accuracy), cls: "s-main" },
+      { name: "held-out", points: seriesOf(rows, "test_accuracy", "eval_updates"), cls: "s-heldout", markers: true },
     ],
     yDomain: [0, 1], readout: $("#accuracy-readout"), hover: 0, xDomain, ...axis, legend: true,
   });

@@ -5,7 +5,8 @@ import { num, parseJson } from "./format.js";
 
 const RATE_WINDOW_MS = 2000;
 const NUMERIC = ["t_ms", "updates", "applied", "rejected", "loss", "energy_ratio", "median_pi",
-  "staleness_mean", "staleness_max", "active_workers", "updates_per_s"];
+  "staleness_mean", "staleness_max", "active_workers", "updates_per_s", "eval_updates",
+  "test_loss", "test_accuracy"];
 
 function streamIdKey(id) {
   const [ms, seq] = String(id).split("-");
@@ -35,11 +36,12 @@ export function lastOf(points) {
   return points.length ? points[points.length - 1][1] : NaN;
 }
 
-// [updates, row[key]] for every row where both are numbers.
-export function seriesOf(rows, key) {
+// [updates, row[key]] for every row where both are numbers; xKey names another x (the held-out
+// columns are of the parameters at eval_updates).
+export function seriesOf(rows, key, xKey = "updates") {
   const out = [];
   for (const r of rows) {
-    const x = r.updates;
+    const x = r[xKey];
     const y = r[key];
     if (Number.isFinite(x) && Number.isFinite(y)) out.push([x, y]);
   }

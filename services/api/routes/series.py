@@ -16,7 +16,7 @@ router = APIRouter(prefix="/api/runs", tags=["runs"])
 #: pi_tensors, a list per row, is the heat map's and comes with /metrics only.
 COLUMNS = ("t_ms", "updates", "applied", "rejected", "loss", "accuracy", "energy_ratio",
            "median_pi", "staleness_mean", "staleness_max", "active_workers", "e_central",
-           "e_proxy")
+           "e_proxy", "eval_updates", "test_loss", "test_accuracy")
 #: Rows per XRANGE: a whole stream in a few replies, none of them huge.
 READ_ROWS = 5000
 #: Rows one answer carries at most. The stream is trimmed to about METRICS_MAXLEN rows, so
