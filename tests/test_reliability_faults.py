@@ -303,10 +303,10 @@ def test_reads_of_large_gradients_take_fewer_entries(redis_client: redis.Redis) 
 
 def test_a_local_runs_redis_refuses_values_larger_than_the_run_needs(
         redis_server: EmbeddedRedis, redis_client: redis.Redis) -> None:
-    from gemq.running.local import _refuse_oversized_values
+    from gemq.running.local import refuse_oversized_values
 
     store = small_run(redis_client)
-    _refuse_oversized_values(redis_client, store, store.config())
+    refuse_oversized_values(redis_client, store, store.config())
     with pytest.raises(redis.RedisError):
         redis_client.xadd(store.keys.gradients, {"w": "w1", "m": b"\0" * (3 << 20)})
     with redis.Redis.from_url(redis_server.url) as fresh:

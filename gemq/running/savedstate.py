@@ -36,9 +36,9 @@ from gemq.running.embedded import EmbeddedRedis
 log = logging.getLogger(__name__)
 
 STATE_DIR, STATE_FILE = "redis", "state.rdb"
-#: The periodic snapshots: at most this share of the time goes to writing them (a
-#: snapshot that took 3 s waits 60 s before the next), and never more often than
-#: BGSAVE_EVERY_S.
+#: The periodic snapshots: at most this share of the time goes to writing them (the wait
+#: after one is its cost divided by this share), and none sooner than BGSAVE_EVERY_S after
+#: the last.
 BGSAVE_OVERHEAD = 0.05
 BGSAVE_EVERY_S = 60.0
 #: Redis 7 saves on SIGTERM when told to (``shutdown-on-sigterm``); Redis 6 when it has a
