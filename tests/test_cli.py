@@ -247,6 +247,13 @@ def test_a_second_run_of_one_name_refuses_to_overwrite_the_first(
     assert sorted(p.name for p in first.iterdir()) == ["model.pt", "summary.json"]
 
 
+def test_an_output_folder_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    result = gemq("run", "--out", "file/run", "--steps", "5", "--no-progress", cwd=tmp_path)
+    line = assert_one_error(result, 1)
+    assert line == "gemq: error: cannot write the run's folder file/run: Not a directory"
+
+
 def test_serve_needs_a_redis_url(capsys: pytest.CaptureFixture[str],
                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """No silent attachment to whatever answers on 127.0.0.1:6379."""

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import redis
 
+from gemq.errors import GemqError
 from gemq.running.embedded import EmbeddedRedis
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,11 @@ class SavedState:
     def server(self) -> EmbeddedRedis:
         """The private redis-server, on this folder: it loads the state file if there is
         one. A snapshot that fails to write (a full disk) never stops it taking writes."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise GemqError(f"cannot write the run's folder {self.directory.parent}: "
+                            f"{e.strerror or e}") from e
         return EmbeddedRedis(directory=self.directory, die_with_owner=True,
                              extra_args=("--dbfilename", STATE_FILE,
                                          "--stop-writes-on-bgsave-error", "no"))
