@@ -9,8 +9,9 @@ writes it into that commit's metrics entry (``eval_updates``, ``test_loss``,
 ``test_accuracy``): from there metrics.csv, the API and the dashboard have it like any
 other metric.
 
-Its cost is a forward pass over EVAL_SAMPLES samples: with the default of every 200
-updates and minibatches of 64, about the time of three worker steps in two hundred.
+Its cost is a forward pass over EVAL_SAMPLES samples in the worker's time, measured
+against the workers' steps by ``python -m benchmarks.heldout_cost`` (docs/performance.md,
+"Held-out evaluation").
 """
 
 from __future__ import annotations
