@@ -265,6 +265,48 @@ def test_a_small_valid_body_with_the_token_still_works(token_api: Service) -> No
     assert response.status_code == 201, response.text
 
 
+@pytest.mark.parametrize("field", ["lr", "kappa", "momentum", "epochs", "stall_timeout_s"])
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e309"])
+def test_a_number_that_is_not_finite_is_a_422_naming_its_field(
+        token_api: Service, field: str, value: str) -> None:
+    body = f'{{"run_id": "nan", "start": false, "{field}": {value}}}'  # JSON as a client sends
+    with token_api.client() as c:
+        response = c.post("/api/runs", content=body,
+                          headers={"Content-Type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert [p["loc"] for p in response.json()["detail"]] == [["body", field]]
+
+
+@pytest.mark.parametrize(("field", "value"), [("steps", True), ("steps", "64"),
+                                              ("batch_size", "64"), ("lr", "0.1"),
+                                              ("seed", 1.5)])
+def test_a_number_of_another_type_is_refused_as_the_cli_refuses_it(
+        token_api: Service, field: str, value: object) -> None:
+    with token_api.client() as c:
+        response = c.post("/api/runs", json={"start": False, field: value})
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["loc"] == ["body", field]
+
+
+def test_a_dataset_path_the_system_cannot_open_is_a_422(token_api: Service) -> None:
+    with token_api.client() as c:
+        response = c.post("/api/runs", json={"start": False, "model": "logreg",
+                                             "dataset": "mnist-idx:/" + "d" * 489})
+    assert response.status_code == 422, response.text
+    assert "File name too long" in response.text
+
+
+def test_a_large_bad_body_gets_a_short_answer(token_api: Service) -> None:
+    """The 422 names the problems without repeating the values: a 0.6 MB body of bad
+    fields once came back as a 5 MB reply."""
+    body = {"start": False, "model": "x" * 300_000, "k" * 300_000: 1}
+    with token_api.client() as c:
+        response = c.post("/api/runs", json=body)
+    assert response.status_code == 422, response.text[:500]
+    assert len(response.content) < 4000, len(response.content)
+    assert {p["loc"][1][:10] for p in response.json()["detail"]} == {"model", "k" * 10}
+
+
 # --- 10. a frozen Redis -------------------------------------------------------------------
 
 

@@ -92,17 +92,22 @@ def _datasets_extra(dataset: str, package: str) -> Iterator[None]:
 
 def _read_idx(directory: Path, stem: str) -> np.ndarray:
     for candidate in (directory / stem, directory / f"{stem}.gz"):
-        if candidate.exists():
+        try:
+            if not candidate.exists():
+                continue
             opener = gzip.open if candidate.suffix == ".gz" else open
             with opener(candidate, "rb") as f:
                 raw = f.read()
-            try:
-                ndim = raw[3]
-                shape = np.frombuffer(raw, ">u4", count=ndim, offset=4)
-                return np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim).reshape(shape)
-            except (IndexError, ValueError) as e:
-                raise SpecError(f"dataset mnist-idx:{directory}: {candidate.name} is not a "
-                                f"valid IDX file: {e}") from e
+        except (OSError, EOFError) as e:  # too long a name, no permission, a broken gzip
+            raise SpecError(f"dataset mnist-idx:{directory}: cannot read {candidate.name}: "
+                            f"{getattr(e, 'strerror', None) or e}") from e
+        try:
+            ndim = raw[3]
+            shape = np.frombuffer(raw, ">u4", count=ndim, offset=4)
+            return np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim).reshape(shape)
+        except (IndexError, ValueError) as e:
+            raise SpecError(f"dataset mnist-idx:{directory}: {candidate.name} is not a "
+                            f"valid IDX file: {e}") from e
     raise SpecError(f"dataset mnist-idx:{directory}: {stem}[.gz] not found")
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import redis
 import uvicorn
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -63,6 +64,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         app.include_router(module.router)
     for error in TRANSIENT_ERRORS:
         app.add_exception_handler(error, _redis_unavailable)
+    app.add_exception_handler(RequestValidationError, _invalid_request)
     _mount_dashboard(app)
     app.add_middleware(RequestGuard, settings=settings)
     return app
@@ -79,6 +81,28 @@ def redis_clients(url: str) -> tuple[redis.Redis, redis.Redis]:
 
 async def _redis_unavailable(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": f"Redis is not reachable: {exc}"}, status_code=503)
+
+
+#: Problems one 422 lists at most.
+MAX_PROBLEMS = 20
+
+
+async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
+    """A 422 that names each problem's place, message and type, and never echoes the input:
+    FastAPI's own reply repeats every bad value, so a NaN in the body made the reply itself
+    fail (a 500: NaN is not JSON), and a large bad body came back several times its size."""
+    assert isinstance(exc, RequestValidationError)
+    problems = [{"loc": [_brief(part) for part in e.get("loc", ())],
+                 "msg": _brief(str(e.get("msg", ""))), "type": str(e.get("type", ""))}
+                for e in exc.errors()[:MAX_PROBLEMS]]
+    return JSONResponse({"detail": problems}, status_code=422)
+
+
+def _brief(part: object, limit: int = 200) -> object:
+    """A place or message as sent back: an unknown key can be as long as the body."""
+    if isinstance(part, str) and len(part) > limit:
+        return part[:limit] + "..."
+    return part
 
 
 def _mount_dashboard(app: FastAPI) -> None:

@@ -43,6 +43,12 @@ def _field(setting: Setting) -> tuple[Any, Any]:
         bounds["lt" if setting.high_open else "le"] = setting.kind(setting.high)
     if setting.kind is str and setting.choices is None:
         bounds.update(min_length=1, max_length=setting.max_length)
+    if setting.kind in (int, float) and not setting.choices:
+        # As the CLI takes them: a number, not true or "64" (strict: an int is a float too),
+        # and a finite one (JSON's NaN, Infinity and 1e309 parse as floats).
+        bounds.update(strict=True)
+        if setting.kind is float:
+            bounds.update(allow_inf_nan=False)
     kind: Any = Literal[setting.choices] if setting.choices else setting.kind
     if setting.default is None:
         kind = kind | None
