@@ -49,6 +49,8 @@ from gemq.running.runs import create_run
 from gemq.running.savedstate import SavedState, state_file
 from gemq.state.connection import (
     COMMAND_WAIT_S,
+    TRANSIENT_ERRORS,
+    BoundedOutage,
     connect,
     is_cluster,
     redact,
@@ -359,19 +361,28 @@ def _supervise(url: str, store: RunStore, config: RunConfig, options: LocalOptio
     try:
         for process in processes:
             process.start()
+        # The aggregators and workers wait a Redis outage out; so does this loop, as long
+        # as the run would wait for workers that cannot publish.
+        outage = BoundedOutage(f"run {config.run_id}", config.stall_timeout_s,
+                               "the run's stall_timeout_s")
         while any(a.is_alive() for a in aggregators):
             aggregators[0].join(0.25)
-            display.poll()
-            curves.poll()
-            model_file.save_if_due()
-            save_state_if_due()
-            if not any(w.is_alive() for w in workers):
-                if store.state() in ENDED:  # they left because the run ended
-                    for aggregator in aggregators:
-                        aggregator.join(10)
-                    break
-                raise GemqError("every worker process exited before the run finished; "
-                                f"codes: {[w.exitcode for w in workers]}")
+            try:
+                display.poll()
+                curves.poll()
+                model_file.save_if_due()
+                save_state_if_due()
+                if not any(w.is_alive() for w in workers):
+                    if store.state() in ENDED:  # they left because the run ended
+                        for aggregator in aggregators:
+                            aggregator.join(10)
+                        break
+                    raise GemqError("every worker process exited before the run finished; "
+                                    f"codes: {[w.exitcode for w in workers]}")
+            except TRANSIENT_ERRORS as e:
+                outage.wait(e)
+                continue
+            outage.over()
         display.poll()
         curves.poll()
         display.close()

@@ -238,6 +238,33 @@ class Backoff:
         self.delay = self.first_s
 
 
+class BoundedOutage:
+    """Waiting out an outage for at most ``bound_s`` seconds: Backoff's delays, then
+    RedisUnavailable. ``over()`` when Redis answers again starts the next outage's count
+    afresh."""
+
+    def __init__(self, what: str, bound_s: float, why: str) -> None:
+        self.backoff = Backoff(what)
+        self.bound_s = bound_s
+        self.why = why  # what the bound is, as the error states it
+        self._since: float | None = None
+
+    def wait(self, error: Exception) -> None:
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+        if now - self._since > self.bound_s:
+            raise RedisUnavailable(
+                f"{self.backoff.what}: Redis unreachable for {now - self._since:.0f} s, "
+                f"longer than {self.why} ({self.bound_s:g} s): {error}") from error
+        self.backoff.wait(threading.Event(), error)
+
+    def over(self) -> None:
+        if self._since is not None:
+            self._since = None
+            self.backoff.reset()
+
+
 def is_cluster(client_or_url: redis.Redis | RedisCluster | str, timeout_s: float = 5.0) -> bool:
     """Whether the Redis behind a client or URL runs in cluster mode (one INFO call; for a
     URL, RedisUnavailable if it does not answer within ``timeout_s``)."""

@@ -1,0 +1,86 @@
+"""Outages a production Redis has, met by ``gemq run`` on a Redis the user names: it waits
+them out as its aggregator and workers do, for as long as the run would wait for workers
+that cannot publish (stall_timeout_s), then ends with one line (docs/reliability.md).
+Real redis-server processes with AOF, killed and restarted; gemq run as a user runs it."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from gemq.running.embedded import EmbeddedRedis
+from gemq.state.store import RunState, RunStore
+from tests.helpers import GemqProcess, wait_for
+from tests.podman import balanced
+
+SMALL = ("--model", "logreg", "--dataset", "digits", "--workers", "2", "--no-progress")
+
+
+@pytest.fixture
+def durable_redis() -> Iterator[EmbeddedRedis]:
+    """A Redis whose every write is on disk before it answers (AOF, fsync always): a kill
+    loses nothing that was acknowledged."""
+    with tempfile.TemporaryDirectory(prefix="gemq-aof-") as directory, EmbeddedRedis(
+            appendonly=True, directory=directory,
+            extra_args=("--appendfsync", "always")) as server:
+        yield server
+
+
+@pytest.mark.slow
+def test_gemq_run_waits_out_a_redis_restart_and_applies_every_gradient_once(
+        durable_redis: EmbeddedRedis, tmp_path: Path) -> None:
+    client = redis.Redis.from_url(durable_redis.url)
+    store = RunStore(client, "outage")
+    process = GemqProcess("run", *SMALL, "--steps", "4000", "--run", "outage",
+                          "--redis-url", durable_redis.url, "--out", str(tmp_path / "o"))
+    try:
+        wait_for(lambda: store.exists() and store.counters().get("applied", 0) >= 1000,
+                 timeout_s=300, what="1000 updates")
+        durable_redis.kill()  # SIGKILL: an outage, not a shutdown
+        time.sleep(3)
+        durable_redis.start()
+        code = process.wait(timeout=300)
+        output = process.output()
+    finally:
+        process.stop()
+    assert code == 0, output[-3000:]
+    assert "Traceback" not in output
+    assert "Redis unreachable" in output  # said, and waited out
+    client = redis.Redis.from_url(durable_redis.url)
+    store = RunStore(client, "outage")
+    counters = store.counters()
+    assert store.state() == RunState.FINISHED
+    assert counters["applied"] == 4000 == store.head().version
+    assert balanced(counters), counters  # each gradient applied, rejected or unused: once
+    assert (tmp_path / "o" / "model.pt").is_file()
+
+
+@pytest.mark.slow
+def test_gemq_run_gives_up_on_a_redis_gone_for_longer_than_the_stall_timeout(
+        durable_redis: EmbeddedRedis, tmp_path: Path) -> None:
+    client = redis.Redis.from_url(durable_redis.url)
+    store = RunStore(client, "gone")
+    process = GemqProcess("run", *SMALL, "--steps", "200000", "--run", "gone",
+                          "--stall-timeout-s", "5", "--redis-url", durable_redis.url,
+                          "--out", str(tmp_path / "g"))
+    try:
+        wait_for(lambda: store.exists() and store.counters().get("applied", 0) >= 500,
+                 timeout_s=300, what="500 updates")
+        durable_redis.kill()
+        started = time.monotonic()
+        code = process.wait(timeout=120)
+        waited = time.monotonic() - started
+        output = process.output()
+    finally:
+        process.stop()
+    assert code == 1, output[-3000:]
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("gemq: error: run gone: Redis unreachable for "), last
+    assert "longer than the run's stall_timeout_s (5 s)" in last
+    assert "Traceback" not in output
+    assert 5 <= waited < 60, waited
