@@ -184,7 +184,8 @@ class RunConfig:
     #: workers could not publish. A run with no worker at all simply waits.
     stall_timeout_s: float = _setting(120.0, "the run fails when no update was applied for "
                                       "this many seconds while gradients were rejected or "
-                                      "could not be published", group=LIMITS,
+                                      "could not be published; gemq run waits a Redis "
+                                      "outage this long", group=LIMITS,
                                       low=1, high=10**6)
 
     def __post_init__(self) -> None:
