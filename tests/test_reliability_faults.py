@@ -279,6 +279,28 @@ def test_junk_from_many_senders_leaves_no_state_and_few_log_lines(
     assert len(caplog.records) <= LOGGED_PAIRS + 1
 
 
+@pytest.mark.parametrize("sender", ["junk", "w1"], ids=["unregistered", "the-runs-worker"])
+def test_only_the_runs_own_workers_can_stall_it(redis_client: redis.Redis,
+                                                sender: str) -> None:
+    """1,100 junk entries in a row (more than max_rejected_in_a_row) once failed a run whose
+    real workers were healthy. From senders that never registered they are counted, not
+    judged; from the run's own worker they are a stall."""
+    store = small_run(redis_client, max_rejected_in_a_row=1000)
+    store.heartbeat("w1")  # registered
+    pipe = redis_client.pipeline(transaction=False)
+    for i in range(1100):
+        name = f"j{i}" if sender == "junk" else sender
+        pipe.xadd(store.keys.gradients, {"w": name, "m": b"\x01"})
+    pipe.execute()
+    leader, _ = _lead(store)
+    assert store.counters() == {"rejected:malformed": 1100}
+    stalled = leader.stall.stalled()
+    if sender == "junk":
+        assert stalled is None
+    else:
+        assert stalled is not None and stalled.startswith("1100 gradients in a row")
+
+
 def test_worker_listings_are_bounded(redis_client: redis.Redis) -> None:
     store = small_run(redis_client)
     for i in range(300):

@@ -245,7 +245,10 @@ class Leader:
 
     def _reject(self, error: CodecError, worker_id: str, window: CommitWindow) -> None:
         window.count(f"rejected:{error.reason}", worker_id)
-        self.stall.rejected(error.reason)
+        if worker_id != UNKNOWN_WORKER:
+            # The watchdog judges the run's own workers: junk from senders that never
+            # registered is counted and logged, but cannot fail a healthy run.
+            self.stall.rejected(error.reason)
         self._rejections.rejected(worker_id, error)
 
     def _pi_tensors(self) -> list[float | None] | None:
