@@ -24,7 +24,7 @@ import redis
 import torch
 
 from gemq.config import RunConfig
-from gemq.running.embedded import EmbeddedRedis
+from gemq.running.embedded import EmbeddedRedis, free_port
 from gemq.state.connection import redact
 from gemq.state.store import RunStore
 from tests.helpers import SMALL_LAYOUT, small_run, wait_for
@@ -422,6 +422,19 @@ def test_a_malformed_url_is_one_clear_line(url: str, command: tuple[str, ...]) -
     assert "Traceback" not in result.stderr + result.stdout
     assert result.returncode in (1, 2), result.stderr
     assert len(lines) == 1 and lines[0].startswith("gemq: error: invalid Redis URL"), lines
+    assert "hunter2" not in result.stderr
+
+
+@pytest.mark.parametrize("command", [("status", "--run", "x"), ("serve",)])
+def test_a_url_option_redis_py_refuses_is_one_clear_line(command: tuple[str, ...]) -> None:
+    port = free_port()
+    url = f"rediss://:hunter2@127.0.0.1:{port}/0?ssl_cert_reqs=bogus"
+    result = _gemq(*command, "--redis-url", url)
+    assert "Traceback" not in result.stderr + result.stdout
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        f"gemq: error: cannot use Redis at rediss://:***@127.0.0.1:{port}/0?ssl_cert_reqs="
+        "bogus: Invalid SSL Certificate Requirements Flag: bogus")
     assert "hunter2" not in result.stderr
 
 

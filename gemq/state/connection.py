@@ -15,7 +15,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
-from gemq.errors import RedisUnavailable
+from gemq.errors import GemqError, RedisUnavailable
 from gemq.state import redispy
 
 log = logging.getLogger(__name__)
@@ -215,6 +215,8 @@ def wait_until_ready(url: str, wait_s: float) -> None:
                           redact(url), e, delay)
             time.sleep(min(delay, deadline - now))
             delay = min(delay * 2, 2.0)
+        except redis.RedisError as e:  # a URL option redis-py refuses (ssl_cert_reqs=...)
+            raise _unusable(url, e) from e
 
 
 class Backoff:
@@ -284,6 +286,14 @@ def is_cluster(client_or_url: redis.Redis | RedisCluster | str, timeout_s: float
         raise RedisUnavailable(f"Redis at {redact(url)} refused the credentials: {e}") from e
     except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
         raise RedisUnavailable(f"cannot reach Redis at {redact(url)}: {e}") from e
+    except redis.RedisError as e:  # a URL option redis-py refuses (ssl_cert_reqs=...)
+        raise _unusable(url, e) from e
+
+
+def _unusable(url: str, error: Exception) -> GemqError:
+    """What no wait will mend (a URL option redis-py refuses): not RedisUnavailable, which
+    the services wait out."""
+    return GemqError(f"cannot use Redis at {redact(url)}: {error}")
 
 
 def _cluster_enabled(client: redis.Redis) -> bool:
