@@ -18,9 +18,9 @@ ACCURACY, the share of the gradient's minibatch its model classified right, came
 first readers: a header of 8 fields (an older sender) or with nil there carries none, and a
 reader accepts both. A 9th field that is neither nil nor a number makes the header
 malformed; a number that is not within [0, 1] (NaN included) is a bad header, so the
-gradient is refused like one with a non-finite loss: a sender that miscounts its minibatch
-is not trusted with the parameters either. An aggregator older than the field refuses
-9-field headers as malformed: upgrade aggregators before workers.
+gradient is refused, as one with a non-finite loss is (non_finite): a sender that
+miscounts its minibatch is not trusted with the parameters either. An aggregator older
+than the field refuses 9-field headers as malformed: upgrade aggregators before workers.
 """
 
 from __future__ import annotations
@@ -215,8 +215,10 @@ def _check_header(header: list[object], expected: Expected) -> dict[str, Any]:
     if not _is_int(version, 0, _MAX_VERSION) or not _is_int(samples, 1, 2**31):
         raise CodecError(BAD_HEADER, f"param_version {version!r} or samples {samples!r} "
                                      "out of range")
-    if not _is_number(loss) or not math.isfinite(loss):
-        raise CodecError(BAD_HEADER, f"loss {loss!r} is not a finite number")
+    if not _is_number(loss):
+        raise CodecError(BAD_HEADER, f"loss {loss!r} is not a number")
+    if not math.isfinite(loss):  # the training diverged: a worker's loss, not a foreign writer
+        raise CodecError(NON_FINITE, f"loss is {loss!r}")
     if accuracy is not None and not (_is_number(accuracy) and 0.0 <= accuracy <= 1.0):
         raise CodecError(BAD_HEADER, f"accuracy {accuracy!r} is not within [0, 1]")
     if run_id != expected.run_id:
