@@ -20,7 +20,7 @@ from gemq.records.export import export_curves
 from gemq.running.embedded import EmbeddedRedis, free_port
 from gemq.state.store import RunStore
 from gemq.training.models import LogisticRegression
-from tests.helpers import GemqProcess, aggregated_run, gradient_message, wait_for
+from tests.helpers import GemqProcess, aggregated_run, gradient_message, small_run, wait_for
 
 TOKEN = "a-test-token-of-24-chars"
 TINY = {"model": "logreg", "dataset": "digits", "batch_size": 16}
@@ -79,7 +79,7 @@ def test_mutations_need_the_token(api: Service) -> None:
     with api.client(None) as anonymous, api.client("wrong-token-of-enough-chars") as wrong:
         assert anonymous.post("/api/runs", json=TINY).status_code == 401
         assert wrong.post("/api/runs", json=TINY).status_code == 403
-        assert anonymous.get("/api/runs").json() == {"runs": []}  # reads stay open
+        assert anonymous.get("/api/runs").json()["runs"] == []  # reads stay open
 
 
 @pytest.mark.parametrize(("body", "field"), [
@@ -122,9 +122,28 @@ def test_api_starts_before_redis_and_becomes_ready(redis_server: EmbeddedRedis) 
             assert c.get("/api/runs").status_code == 503
             redis_server.start()
             wait_for(lambda: c.get("/readyz").status_code == 200, what="ready")
-            assert c.get("/api/runs").json() == {"runs": []}
+            assert c.get("/api/runs").json()["runs"] == []
     finally:
         service.process.stop()
+
+
+def test_the_run_list_comes_in_pages(redis_client: redis.Redis, api: Service) -> None:
+    """All runs can be listed: 105 runs are a page of 100 that says how many there are and
+    where the next page starts, then a page of 5 (it once listed 100, silently)."""
+    for i in range(105):
+        small_run(redis_client, f"many-{i:03d}")
+    with api.client(None) as c:
+        first = c.get("/api/runs").json()
+        rest = c.get("/api/runs", params={"offset": first["next_offset"]}).json()
+        small = c.get("/api/runs", params={"limit": 10, "offset": 2}).json()
+        for bad in ({"limit": 0}, {"limit": 1001}, {"offset": -1}):
+            assert c.get("/api/runs", params=bad).status_code == 422, bad
+    assert (first["total"], first["offset"], first["next_offset"]) == (105, 0, 100)
+    assert len(first["runs"]) == 100 and len(rest["runs"]) == 5
+    assert rest["next_offset"] is None
+    listed = [r["run_id"] for r in first["runs"] + rest["runs"]]
+    assert sorted(listed) == [f"many-{i:03d}" for i in range(105)]  # each once
+    assert [r["run_id"] for r in small["runs"]] == listed[2:12]
 
 
 def test_unknown_runs_are_404(api: Service) -> None:
@@ -285,7 +304,7 @@ def test_delete_a_run(redis_server: EmbeddedRedis, api: Service) -> None:
             assert list(client.scan_iter(match="rq:job:gemq-aggregate-gone*")) == []
             assert client.llen("rq:queue:gemq-aggregator") == 0
             assert c.get("/api/runs/gone").status_code == 404
-            assert c.get("/api/runs").json() == {"runs": []}
+            assert c.get("/api/runs").json()["runs"] == []
             assert c.delete("/api/runs/gone").status_code == 404
     finally:
         if aggregator is not None:

@@ -416,10 +416,16 @@ class RunStore:
         return _decoded_rows(reversed(self._r.xrevrange(self.keys.metrics, count=count)))
 
 
-def run_ids(client: redis.Redis, limit: int = 100) -> list[str]:
-    """Ids of the runs in the index, newest first."""
-    raw: Any = client.zrevrange(RUNS_INDEX, 0, limit - 1)
+def run_ids(client: redis.Redis, limit: int = 100, offset: int = 0) -> list[str]:
+    """Ids of the runs in the index, newest first: ``limit`` of them after the first
+    ``offset``."""
+    raw: Any = client.zrevrange(RUNS_INDEX, offset, offset + limit - 1)
     return [r.decode() for r in raw]
+
+
+def run_count(client: redis.Redis) -> int:
+    """How many runs the index holds."""
+    return int(client.zcard(RUNS_INDEX))
 
 
 def _decoded_rows(rows: Any) -> list[tuple[str, dict[str, str]]]:

@@ -136,10 +136,10 @@ def waiting_for(store: RunStore, queue: redis.Redis, now: int) -> str | None:
     return None
 
 
-def list_runs(client: redis.Redis, queue: redis.Redis,
-              limit: int = 100) -> list[dict[str, Any]]:
+def list_runs(client: redis.Redis, queue: redis.Redis, limit: int = 100,
+              offset: int = 0) -> list[dict[str, Any]]:
     out = []
-    for run_id in run_ids(client, limit):
+    for run_id in run_ids(client, limit, offset):
         try:
             out.append(run_summary(RunStore(client, run_id), queue))
         except RunNotFound:

@@ -16,6 +16,11 @@ export async function loadRuns() {
   try {
     const data = await api("GET", "/runs");
     state.runs = Array.isArray(data) ? data : (data && data.runs) || [];
+    // The list is the API's first page: say so when there are more runs than it holds.
+    const total = data && Number.isFinite(data.total) ? data.total : state.runs.length;
+    const more = $("#runs-more");
+    more.hidden = total <= state.runs.length;
+    more.textContent = `The newest ${state.runs.length} of ${total} runs (GET api/runs?offset=… lists the others).`;
     renderRunList();
     if (!state.selected) selectInitialRun();
   } catch (e) {

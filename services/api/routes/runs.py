@@ -16,7 +16,7 @@ from gemq.errors import ConfigError, RunBusy, RunExists, RunNotFound, SpecError
 from gemq.records import combine
 from gemq.running.runs import create_run
 from gemq.state.retention import delete_run
-from gemq.state.store import ENDED, RunState, RunStore
+from gemq.state.store import ENDED, RunState, RunStore, run_count
 from gemq.training.data import DataSplit, load_dataset
 from gemq.training.specs import is_import_spec
 
@@ -73,9 +73,17 @@ def _unprocessable(field: str, message: str) -> HTTPException:
 
 
 @router.get("", dependencies=[Reader])
-def list_runs(client: RedisClient, queue: QueueClient) -> dict[str, Any]:
-    """All runs, newest first, with their state and progress."""
-    return {"runs": views.list_runs(client, queue)}
+def list_runs(client: RedisClient, queue: QueueClient,
+              limit: int = Query(100, ge=1, le=1000, description="runs in this page"),
+              offset: int = Query(0, ge=0, description="runs skipped, newest first")
+              ) -> dict[str, Any]:
+    """Runs, newest first, with their state and progress: a page of ``limit`` after the
+    first ``offset``; ``total`` counts them all, and ``next_offset`` is the next page's
+    offset (null after the last page)."""
+    total = run_count(client)
+    following = offset + limit
+    return {"runs": views.list_runs(client, queue, limit, offset), "total": total,
+            "offset": offset, "next_offset": following if following < total else None}
 
 
 @router.post("", status_code=201, dependencies=[Writer],
