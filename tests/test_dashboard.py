@@ -17,10 +17,11 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 from playwright.sync_api import ConsoleMessage, Dialog, Page, sync_playwright
 
 from gemq.running.embedded import EmbeddedRedis, free_port
-from tests.helpers import GemqProcess, session, wait_for
+from tests.helpers import GemqProcess, session, small_run, wait_for
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -475,3 +476,29 @@ def test_a_run_waiting_for_a_missing_service_says_which(redis_server: EmbeddedRe
     finally:
         for process in processes:
             process.stop()
+
+
+@pytest.mark.browser
+@pytest.mark.timeout(300)
+def test_the_run_list_says_when_it_shows_the_newest_page_only(
+        redis_server: EmbeddedRedis) -> None:
+    """103 runs: the list holds the API's first page, 100, and says there are 103."""
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"{CHROMIUM} is missing: run .ci/install-browser (apt-get install chromium)")
+    client = redis.Redis.from_url(redis_server.url)
+    for i in range(103):
+        small_run(client, f"many-{i:03d}")
+    port = free_port()
+    process = GemqProcess("serve", "--redis-url", redis_server.url, "--port", str(port))
+    try:
+        wait_for(lambda: "Uvicorn running" in process.output(), timeout_s=60,
+                 what=f"the API: {process.output()}")
+        with _browser_page("runs-more") as (page, errors):
+            page.goto(f"http://127.0.0.1:{port}/")
+            page.wait_for_selector("#runs-more:not([hidden])", timeout=15_000)
+            assert (page.text_content("#runs-more") or "").startswith(
+                "The newest 100 of 103 runs")
+            assert page.locator("#run-list li").count() == 100
+            assert errors == []
+    finally:
+        process.stop()
