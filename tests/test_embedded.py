@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,7 +13,13 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from gemq.errors import GemqError
-from gemq.running.embedded import EmbeddedRedis, find_redis_server, free_port
+from gemq.running.embedded import (
+    OWNER_FILE,
+    EmbeddedRedis,
+    find_redis_server,
+    free_port,
+    sweep_orphaned_directories,
+)
 from gemq.state.connection import connect
 
 
@@ -235,3 +242,26 @@ def test_memory_purge_hands_kept_pages_back(monkeypatch: pytest.MonkeyPatch) -> 
             assert resident_bytes(server) < VALUE_BYTES, kept
         finally:
             client.close()
+
+
+def test_the_folder_of_a_killed_owner_is_swept_at_the_next_start(tmp_path: Path) -> None:
+    """SIGKILL leaves no chance to remove a private Redis' temporary folder; the next
+    private Redis to start removes it (and leaves those of living owners and others')."""
+    script = ("import sys, time\n"
+              "from gemq.running.embedded import EmbeddedRedis\n"
+              "server = EmbeddedRedis(die_with_owner=True).start()\n"
+              "print(server.directory, flush=True)\n"
+              "time.sleep(600)\n")
+    with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                          text=True) as owner:
+        assert owner.stdout is not None
+        left = Path(owner.stdout.readline().strip())
+        owner.kill()
+    assert left.is_dir() and (left / OWNER_FILE).read_text() == str(owner.pid)
+    foreign = tmp_path / "gemq-redis-not-ours"  # no owner file: not a folder gemq made
+    foreign.mkdir()
+    with EmbeddedRedis() as alive:
+        assert not left.exists()
+        assert alive.directory.is_dir()  # its own, with a living owner, stays
+        assert alive.directory not in sweep_orphaned_directories()
+    assert sweep_orphaned_directories(tmp_path) == [] and foreign.is_dir()

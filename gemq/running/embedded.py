@@ -67,6 +67,44 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: A private Redis' temporary folder, and the file in it naming the process that owns it.
+TEMPORARY_PREFIX, OWNER_FILE = "gemq-redis-", "owner.pid"
+
+
+def _temporary_directory() -> str:
+    """A new temporary folder for a private Redis, marked with its owner's pid; first the
+    folders of owners that died without removing theirs (SIGKILL) go."""
+    sweep_orphaned_directories()
+    directory = tempfile.mkdtemp(prefix=TEMPORARY_PREFIX)
+    (Path(directory) / OWNER_FILE).write_text(str(os.getpid()))
+    return directory
+
+
+def sweep_orphaned_directories(root: Path | None = None) -> list[Path]:
+    """Remove the temporary folders of private Redis servers whose owner has died; return
+    them. A folder without an owner file (another program's, or one being made) stays."""
+    swept = []
+    for directory in Path(root or tempfile.gettempdir()).glob(TEMPORARY_PREFIX + "*"):
+        try:
+            owner = int((directory / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if not _alive(owner):
+            shutil.rmtree(directory, ignore_errors=True)
+            swept.append(directory)
+    return swept
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
 class EmbeddedRedis:
     """One redis-server process owned by this object."""
 
@@ -84,7 +122,7 @@ class EmbeddedRedis:
         self.die_with_owner = die_with_owner
         self._own_dir = directory is None
         # Absolute: the server starts in it, and is given it again as its --dir.
-        self.directory = Path(directory or tempfile.mkdtemp(prefix="gemq-redis-")).absolute()
+        self.directory = Path(directory or _temporary_directory()).absolute()
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
