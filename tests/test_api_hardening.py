@@ -307,6 +307,18 @@ def test_a_large_bad_body_gets_a_short_answer(token_api: Service) -> None:
     assert {p["loc"][1][:10] for p in response.json()["detail"]} == {"model", "k" * 10}
 
 
+@pytest.mark.parametrize("stored", [b"x" * 12, b"x" * 13], ids=["12-bytes", "13-bytes"])
+def test_a_damaged_parameter_value_is_a_409_not_a_500(
+        token_api: Service, module_redis: EmbeddedRedis, stored: bytes) -> None:
+    client = redis.Redis.from_url(module_redis.url)
+    store = small_run(client, f"damaged-{len(stored)}")
+    client.set(store.keys.params(0), stored)
+    with token_api.client() as c:
+        response = c.get(f"/api/runs/{store.run_id}/model")
+    assert response.status_code == 409, response.text
+    assert "damaged or was written by another program" in response.json()["detail"]
+
+
 # --- 10. a frozen Redis -------------------------------------------------------------------
 
 

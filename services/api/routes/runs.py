@@ -161,7 +161,16 @@ def metrics(store: Store, after: str = Query("0-0", pattern=STREAM_ID),
                        "description": "a torch state_dict file"}})
 def model(store: Store) -> Response:
     """The current parameters as a torch state_dict file (`torch.load(f, weights_only=True)`)."""
-    versions, state = combine.latest_state(store.shards())
+    try:
+        versions, state = combine.latest_state(store.shards())
+    except ValueError:  # bytes that are not float32s at all
+        versions, state = (), np.empty(0, np.float32)
+    expected = store.layout().size
+    if state.size != expected:  # not written by gemq's aggregators: refuse, say why
+        raise HTTPException(409, f"run {store.run_id!r}: its stored parameters hold "
+                                 f"{state.size} values where its layout has {expected}; "
+                                 "its data in Redis is damaged or was written by another "
+                                 "program")
     body = _state_dict_bytes(store, state)
     filename = f"{store.run_id}-v{min(versions)}.pt"
     return Response(body, media_type="application/octet-stream",
