@@ -54,15 +54,17 @@ def enqueue_aggregation(store: RunStore, jobs: redis.Redis, queue_name: str,
     reports) and return it."""
     run_id = store.run_id
     rq_queue = queue(jobs, queue_name)
-    job_ids = []
-    for shard in range(store.config().shards):
-        name = run_id if shard == 0 else f"{run_id}-shard-{shard}"
-        job = rq_queue.enqueue(
-            aggregate, run_id, lease_ms, shard, job_id=f"gemq-aggregate-{name}",
+    shards = range(store.config().shards)
+    names = [run_id if shard == 0 else f"{run_id}-shard-{shard}" for shard in shards]
+    job_ids = [f"gemq-aggregate-{name}" for name in names]
+    # First the run, atomically: a start racing another start or a deletion either claims
+    # it or is refused, and no job is enqueued for a run that is gone or taken.
+    store.claim_start(job_ids)
+    for shard, job_id in zip(shards, job_ids, strict=True):
+        rq_queue.enqueue(
+            aggregate, run_id, lease_ms, shard, job_id=job_id,
             job_timeout=-1, result_ttl=7 * 24 * 3600, failure_ttl=7 * 24 * 3600,
             description=f"aggregate run {run_id}" + (f" shard {shard}" if shard else ""))
-        job_ids.append(str(job.id))
-    store.set_status(job_id=job_ids[0], job_ids=",".join(job_ids))
     return job_ids[0]
 
 

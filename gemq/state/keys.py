@@ -175,6 +175,12 @@ def _is_tag_of(tag: str, run_id: str, shard: int) -> bool:
     return re.fullmatch(rf"{re.escape(run_id)}/{shard}(\.[1-9][0-9]*)?", tag) is not None
 
 
+def deletion_marker(run_id: str) -> str:
+    """The key a deletion holds while it removes a run's keys: in shard 0's slot (its hash
+    tag), and outside ``run_key_pattern``, so the removal does not take it too."""
+    return f"gemq:deleting:{{{run_id}}}"
+
+
 def run_key_pattern(run_id: str) -> str:
     """A SCAN MATCH pattern for every key of a run, of every shard: ``gemq:{<run>}:...``,
     ``gemq:{<run>/<k>}:...`` and ``gemq:{<run>/<k>.<n>}:...``. Run ids hold no glob

@@ -28,11 +28,20 @@ import redis
 from gemq.errors import GemqError, RunBusy, RunNotFound
 from gemq.ids import is_valid_run_id
 from gemq.state import scripts
-from gemq.state.keys import AGGREGATOR_GROUP, RUNS_INDEX, RunKeys, run_key_pattern
+from gemq.state.keys import (
+    AGGREGATOR_GROUP,
+    RUNS_INDEX,
+    RunKeys,
+    deletion_marker,
+    run_key_pattern,
+)
 from gemq.state.store import ENDED, RunStore, now_ms
 
 log = logging.getLogger(__name__)
 
+#: How long a deletion's marker lives: a deletion cut short (its process died) is finished
+#: by the next one to come after this; one under way makes the others a 404.
+DELETION_MARKER_MS = 60_000
 #: Keys asked for per SCAN call, and unlinked per round trip.
 SCAN_BATCH = 1000
 DAY_MS = 86_400_000
@@ -163,12 +172,15 @@ def delete_run(client: redis.Redis, run_id: str, *, force: bool = False) -> Dele
         raise RunNotFound(f"no run {run_id!r}: not a valid run id")
     _refuse_if_another_shard_is_led(client, run_id)
     verdict, detail, claimed = _claim(client, run_id, force)
+    if verdict == "deleting":
+        raise RunNotFound(f"no run {run_id!r}: another deletion of it is under way")
     if verdict == "missing" and client.zscore(RUNS_INDEX, run_id) is None:
         raise RunNotFound(f"no run {run_id!r} in Redis")
     if verdict not in ("claimed", "missing"):
         raise RunBusy(verdict, _refusal(run_id, verdict, detail))
     count = claimed + _unlink_matching(client, run_key_pattern(run_id))
     client.zrem(RUNS_INDEX, run_id)
+    client.delete(deletion_marker(run_id))
     return_freed_memory(client)
     log.info("deleted run %s (%d keys)", run_id, count)
     return Deleted(run_id, count, detail if verdict == "claimed" and detail else None)
@@ -193,8 +205,9 @@ def _claim(client: redis.Redis, run_id: str, force: bool) -> tuple[str, str, int
             quiet_since = now_ms() - int(1000 * store.config().worker_timeout_s)
     keys = store.keys
     claim = client.register_script(scripts.CLAIM_DELETION)
-    reply: Any = claim(keys=[keys.status, keys.lease, keys.workers, keys.config],
-                       args=["1" if force else "0", quiet_since])
+    reply: Any = claim(keys=[keys.status, keys.lease, keys.workers, keys.config,
+                             deletion_marker(run_id)],
+                       args=["1" if force else "0", quiet_since, DELETION_MARKER_MS])
     verdict, detail, deleted = reply
     return verdict.decode(), detail.decode(), int(deleted)
 

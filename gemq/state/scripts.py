@@ -137,6 +137,19 @@ redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1])
 return 1
 """
 
+#: KEYS: status.  ARGV: job id, job ids.  A created run with no job yet gets these, and is
+#: queued from then on (a deletion's claim refuses it, CLAIM_DELETION); returns 'ok', or
+#: 'missing' for a run that is gone (deleted meanwhile), or the state of one started or ended
+#: already.
+CLAIM_START = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return 'missing' end
+if state ~= 'created' then return state end
+if (redis.call('HGET', KEYS[1], 'job_id') or '') ~= '' then return 'queued' end
+redis.call('HSET', KEYS[1], 'job_id', ARGV[1], 'job_ids', ARGV[2])
+return 'ok'
+"""
+
 #: KEYS: evaluation claim.  ARGV: index.  A worker claims the held-out evaluation of
 #: ``index`` (updates // eval_every); 1 if it is the first to, 0 if that or a later one was
 #: claimed already.
@@ -171,17 +184,23 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-#: KEYS: status, lease, workers (zset), config.  ARGV: force ('1' or '0'), quiet_since_ms.
+#: KEYS: status, lease, workers (zset), config, deletion marker.  ARGV: force ('1' or '0'),
+#: quiet_since_ms, marker_ms.
 #: The first, atomic step of deleting a run (gemq/state/retention.py): refuses while anything may
 #: still write to the run, else deletes its status and configuration, after which every
-#: process sees the run as gone. Returns {verdict, detail, keys deleted}, the verdict one
-#: of: missing (no status, no config), led (an aggregator holds the lease: it leads the run
+#: process sees the run as gone, and sets the deletion marker for marker_ms (the deletion
+#: removes it when done). Returns {verdict, detail, keys deleted}, the verdict one of:
+#: deleting (another deletion is under way), missing (no status, no config, no deletion
+#: under way), led (an aggregator holds the lease: it leads the run
 #: or is finishing it), busy (running or queued; detail: the state), workers (with force: a
 #: worker was heard from since quiet_since_ms; detail: its id), claimed (detail: the rq job
 #: id, '' if none).
 CLAIM_DELETION = """
 local state = redis.call('HGET', KEYS[1], 'state')
-if not state and redis.call('EXISTS', KEYS[4]) == 0 then return {'missing', '', 0} end
+if not state and redis.call('EXISTS', KEYS[4]) == 0 then
+  if redis.call('EXISTS', KEYS[5]) == 1 then return {'deleting', '', 0} end
+  return {'missing', '', 0}
+end
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'led', '', 0} end
 local job = redis.call('HGET', KEYS[1], 'job_id') or ''
 if state == 'running' or (state == 'created' and job ~= '') then
@@ -189,5 +208,8 @@ if state == 'running' or (state == 'created' and job ~= '') then
   local heard = redis.call('ZRANGEBYSCORE', KEYS[3], ARGV[2], '+inf', 'LIMIT', 0, 1)
   if #heard > 0 then return {'workers', heard[1], 0} end
 end
-return {'claimed', job, redis.call('DEL', KEYS[1], KEYS[4])}
+local deleted = redis.call('DEL', KEYS[1], KEYS[4])
+-- pcall: a Redis out of memory refuses the SET, and deleting is how it gets memory back.
+redis.pcall('SET', KEYS[5], '1', 'PX', ARGV[3])
+return {'claimed', job, deleted}
 """

@@ -33,7 +33,7 @@ import numpy as np
 import redis
 
 from gemq.config import RunConfig
-from gemq.errors import PublishRefused, RunExists, RunNotFound
+from gemq.errors import PublishRefused, RunBusy, RunExists, RunNotFound
 from gemq.layout import ParamLayout
 from gemq.shards import ShardPlan
 from gemq.state import placement, scripts
@@ -109,6 +109,7 @@ class RunStore:
         self._fail = client.register_script(scripts.FAIL)
         self._conclude = client.register_script(scripts.CONCLUDE)
         self._claim_evaluation = client.register_script(scripts.CLAIM_EVALUATION)
+        self._claim_start = client.register_script(scripts.CLAIM_START)
 
     def _stored_tag(self, run_id: str, shard: int) -> str | None:
         """The tag run creation placed ``shard`` under; None: it kept its default."""
@@ -231,6 +232,17 @@ class RunStore:
 
     def set_status(self, **fields: Any) -> None:
         self._r.hset(self.keys.status, mapping=fields)
+
+    def claim_start(self, job_ids: list[str]) -> None:
+        """Record the aggregation jobs of a created run that has none, in one atomic step;
+        RunNotFound if the run is gone, RunBusy if it was started (or has ended) already."""
+        outcome = self._claim_start(keys=[self.keys.status],
+                                    args=[job_ids[0], ",".join(job_ids)]).decode()
+        if outcome == "missing":
+            raise RunNotFound(f"no run {self.run_id!r} in Redis")
+        if outcome != "ok":
+            raise RunBusy(outcome, f"run {self.run_id!r} is {outcome} and was already "
+                                   "started")
 
     def request_stop(self) -> None:
         self._r.hset(self.keys.status, "stop_requested", now_ms())

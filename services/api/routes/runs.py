@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -16,7 +17,7 @@ from gemq.errors import ConfigError, RunBusy, RunExists, RunNotFound, SpecError
 from gemq.records import combine
 from gemq.running.runs import create_run
 from gemq.state.retention import delete_run
-from gemq.state.store import ENDED, RunState, RunStore, run_count
+from gemq.state.store import ENDED, RunStore, run_count
 from gemq.training.data import DataSplit, load_dataset
 from gemq.training.specs import is_import_spec
 
@@ -96,8 +97,8 @@ async def create(request: RunRequest, client: RedisClient, queue: QueueClient,
     """Create a run from a configuration and, unless start is false, start it."""
     store = await run_in_threadpool(_create, client, request, settings.allow_import_specs)
     if request.start:
-        enqueue_aggregation(store, queue, settings.aggregator_queue)
-    return views.run_view(store, queue)
+        _enqueue(store, queue, settings.aggregator_queue)
+    return _view_of(store, lambda: views.run_view(store, queue))
 
 
 @router.get("/{run_id}", dependencies=[Reader], responses=NOT_FOUND)
@@ -111,12 +112,25 @@ def get_run(store: Store, queue: QueueClient) -> dict[str, Any]:
                         409: {"description": "already started or ended"}})
 def start(store: Store, queue: QueueClient, settings: Settings) -> dict[str, Any]:
     """Enqueue the aggregation job of a created run."""
-    status = store.status()
-    if status["state"] != RunState.CREATED or status.get("job_id"):
-        raise HTTPException(409, f"run {store.run_id!r} is {status['state']} and was "
-                                 "already started")
-    enqueue_aggregation(store, queue, settings.aggregator_queue)
-    return views.run_summary(store, queue)
+    _enqueue(store, queue, settings.aggregator_queue)
+    return _view_of(store, lambda: views.run_summary(store, queue))
+
+
+def _enqueue(store: RunStore, queue: Any, queue_name: str) -> None:
+    try:
+        enqueue_aggregation(store, queue, queue_name)
+    except RunNotFound as e:  # deleted meanwhile
+        raise HTTPException(404, str(e)) from e
+    except RunBusy as e:  # started meanwhile, or ended
+        raise HTTPException(409, str(e)) from e
+
+
+def _view_of(store: RunStore, view: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A run's view, or a 404 if a deletion took it between the change and the view."""
+    try:
+        return view()
+    except RunNotFound as e:
+        raise HTTPException(404, str(e)) from e
 
 
 @router.post("/{run_id}/stop", status_code=202, dependencies=[Writer],
