@@ -1,7 +1,8 @@
-"""Outages a production Redis has, met by ``gemq run`` on a Redis the user names: it waits
-them out as its aggregator and workers do, for as long as the run would wait for workers
-that cannot publish (stall_timeout_s), then ends with one line (docs/reliability.md).
-Real redis-server processes with AOF, killed and restarted; gemq run as a user runs it."""
+"""Outages a production Redis has, met by ``gemq run`` on a Redis (or Redis Cluster) the user
+names: it waits them out as its aggregator and workers do, for as long as the run would
+wait for workers that cannot publish (stall_timeout_s), then ends with one line
+(docs/reliability.md). Real redis-server processes with AOF, killed and restarted; gemq
+run as a user runs it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from gemq.running.cluster import EmbeddedCluster
 from gemq.running.embedded import EmbeddedRedis
+from gemq.state.connection import connect
 from gemq.state.store import RunState, RunStore
 from tests.helpers import GemqProcess, wait_for
 from tests.podman import balanced
@@ -84,3 +87,33 @@ def test_gemq_run_gives_up_on_a_redis_gone_for_longer_than_the_stall_timeout(
     assert "longer than the run's stall_timeout_s (5 s)" in last
     assert "Traceback" not in output
     assert 5 <= waited < 60, waited
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_cluster_node_that_crashes_and_comes_back_is_waited_out_on_every_shard(
+        tmp_path: Path) -> None:
+    """One master of three SIGKILLed and started again (its AOF kept): CLUSTERDOWN is an
+    outage to the aggregators, the workers and gemq run alike, and every shard finishes
+    (before, the shard on that node crashed on ClusterDownError and stayed behind)."""
+    with EmbeddedCluster(3, appendonly=True) as cluster:
+        client = connect(cluster.url)
+        store = RunStore(client, "cdown")
+        process = GemqProcess("run", "--model", "mlp", "--dataset", "digits", "--workers", "2",
+                              "--no-progress", "--steps", "1500", "--shards", "3", "--run",
+                              "cdown", "--redis-url", cluster.url, "--out", str(tmp_path))
+        try:
+            wait_for(lambda: store.exists() and all(
+                s.head().version >= 300 for s in store.shards()), timeout_s=300,
+                what="300 updates on every shard")
+            cluster.kill_node(2)
+            time.sleep(2)
+            cluster.start_node(2, timeout_s=60)
+            code = process.wait(timeout=400)
+            output = process.output()
+        finally:
+            process.stop()
+        assert code == 0, output[-3000:]
+        assert "Traceback" not in output
+        assert [s.head().version for s in store.shards()] == [1500, 1500, 1500]
+        assert store.state() == RunState.FINISHED

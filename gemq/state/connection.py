@@ -20,9 +20,13 @@ from gemq.state import redispy
 
 log = logging.getLogger(__name__)
 
-#: Errors after which a command is retried on a fresh connection.
+#: Errors a Redis outage brings: a command is retried on a fresh connection after one, and
+#: every gemq process waits them out. A Redis Cluster with a master down answers
+#: CLUSTERDOWN (MASTERDOWN; TRYAGAIN while slots move) until it is whole again, having run
+#: nothing: an outage too, not a reason to give the run up.
 TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
-    redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError)
+    redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError,
+    redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError)
 _UNREACHABLE: tuple[type[Exception], ...] = (*TRANSIENT_ERRORS, OSError)
 
 
