@@ -37,6 +37,9 @@ from ..deps import (
 from ..schemas import RunRequest
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
+#: The largest offset a run list takes: past any index there is, and within the 64-bit
+#: integers Redis takes (a larger one was a 500).
+MAX_OFFSET = 10**12
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such run"}}
 
 
@@ -76,7 +79,8 @@ def _unprocessable(field: str, message: str) -> HTTPException:
 @router.get("", dependencies=[Reader])
 def list_runs(client: RedisClient, queue: QueueClient,
               limit: int = Query(100, ge=1, le=1000, description="runs in this page"),
-              offset: int = Query(0, ge=0, description="runs skipped, newest first")
+              offset: int = Query(0, ge=0, le=MAX_OFFSET,
+                                  description="runs skipped, newest first")
               ) -> dict[str, Any]:
     """Runs, newest first, with their state and progress: a page of ``limit`` after the
     first ``offset``; ``total`` counts them all, and ``next_offset`` is the next page's
