@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -34,25 +34,52 @@ def durable_redis() -> Iterator[EmbeddedRedis]:
         yield server
 
 
-@pytest.mark.slow
-def test_gemq_run_waits_out_a_redis_restart_and_applies_every_gradient_once(
-        durable_redis: EmbeddedRedis, tmp_path: Path) -> None:
-    client = redis.Redis.from_url(durable_redis.url)
-    store = RunStore(client, "outage")
-    process = GemqProcess("run", *SMALL, "--steps", "4000", "--run", "outage",
-                          "--redis-url", durable_redis.url, "--out", str(tmp_path / "o"))
+def _training(server: EmbeddedRedis, run_id: str, out: Path, applied: int,
+              *flags: str) -> GemqProcess:
+    """``gemq run`` of ``run_id`` on ``server``, once it has applied ``applied`` updates."""
+    store = RunStore(redis.Redis.from_url(server.url), run_id)
+    process = GemqProcess("run", *SMALL, *flags, "--run", run_id, "--redis-url", server.url,
+                          "--out", str(out))
     try:
-        wait_for(lambda: store.exists() and store.counters().get("applied", 0) >= 1000,
-                 timeout_s=300, what="1000 updates")
-        durable_redis.kill()  # SIGKILL: an outage, not a shutdown
-        time.sleep(3)
-        durable_redis.start()
-        code = process.wait(timeout=300)
+        wait_for(lambda: store.exists() and store.counters().get("applied", 0) >= applied,
+                 timeout_s=300, what=f"{applied} updates")
+    except BaseException:
+        process.stop()
+        raise
+    return process
+
+
+def _finishes_after(process: GemqProcess, outage: Callable[[], None]) -> str:
+    """Bring ``outage`` on the running ``process``, which must then finish its run (exit 0,
+    no traceback); its output."""
+    try:
+        outage()
+        code = process.wait(timeout=400)
         output = process.output()
     finally:
         process.stop()
     assert code == 0, output[-3000:]
     assert "Traceback" not in output
+    return output
+
+
+def _restart(server: EmbeddedRedis, after_s: float) -> None:
+    server.kill()  # SIGKILL: an outage, not a shutdown
+    time.sleep(after_s)
+    server.start()
+
+
+def _restart_node(cluster: EmbeddedCluster, index: int, after_s: float) -> None:
+    cluster.kill_node(index)
+    time.sleep(after_s)
+    cluster.start_node(index, timeout_s=60)
+
+
+@pytest.mark.slow
+def test_gemq_run_waits_out_a_redis_restart_and_applies_every_gradient_once(
+        durable_redis: EmbeddedRedis, tmp_path: Path) -> None:
+    process = _training(durable_redis, "outage", tmp_path / "o", 1000, "--steps", "4000")
+    output = _finishes_after(process, lambda: _restart(durable_redis, after_s=3))
     assert "Redis unreachable" in output  # said, and waited out
     client = redis.Redis.from_url(durable_redis.url)
     store = RunStore(client, "outage")
@@ -66,14 +93,9 @@ def test_gemq_run_waits_out_a_redis_restart_and_applies_every_gradient_once(
 @pytest.mark.slow
 def test_gemq_run_gives_up_on_a_redis_gone_for_longer_than_the_stall_timeout(
         durable_redis: EmbeddedRedis, tmp_path: Path) -> None:
-    client = redis.Redis.from_url(durable_redis.url)
-    store = RunStore(client, "gone")
-    process = GemqProcess("run", *SMALL, "--steps", "200000", "--run", "gone",
-                          "--stall-timeout-s", "5", "--redis-url", durable_redis.url,
-                          "--out", str(tmp_path / "g"))
+    process = _training(durable_redis, "gone", tmp_path / "g", 500, "--steps", "200000",
+                        "--stall-timeout-s", "5")
     try:
-        wait_for(lambda: store.exists() and store.counters().get("applied", 0) >= 500,
-                 timeout_s=300, what="500 updates")
         durable_redis.kill()
         started = time.monotonic()
         code = process.wait(timeout=120)
@@ -106,14 +128,9 @@ def test_a_cluster_node_that_crashes_and_comes_back_is_waited_out_on_every_shard
             wait_for(lambda: store.exists() and all(
                 s.head().version >= 300 for s in store.shards()), timeout_s=300,
                 what="300 updates on every shard")
-            cluster.kill_node(2)
-            time.sleep(2)
-            cluster.start_node(2, timeout_s=60)
-            code = process.wait(timeout=400)
-            output = process.output()
-        finally:
+        except BaseException:
             process.stop()
-        assert code == 0, output[-3000:]
-        assert "Traceback" not in output
+            raise
+        _finishes_after(process, lambda: _restart_node(cluster, 2, after_s=2))
         assert [s.head().version for s in store.shards()] == [1500, 1500, 1500]
         assert store.state() == RunState.FINISHED
