@@ -33,12 +33,16 @@ def _root_logging_restored() -> Iterator[None]:
     """A test that runs a command in-process (``cli.main``) sets up logging to the stderr
     pytest captured for that test, which pytest closes afterwards: the root logger's
     handlers and level go back to what they were, so a later test's records are not sent to
-    a closed stream."""
+    a closed stream. Warnings stop going to logging too: ``logging.captureWarnings(True)``
+    does nothing while it believes it is already on, and pytest puts its own
+    ``warnings.showwarning`` back after each test, so a later test's ``configure`` would
+    otherwise leave warnings uncaptured."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+    logging.captureWarnings(False)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import json
 import logging
 import threading
 import warnings
-from collections.abc import Iterator
 from datetime import datetime
 
 import pytest
@@ -20,23 +19,12 @@ from gemq.services.settings import AggregatorServiceSettings, load
 from tests.test_api import start_api
 
 
-@pytest.fixture
-def root_logging() -> Iterator[None]:
-    """gemq.logs.configure replaces the root logger's set-up; put pytest's back after."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    logging.captureWarnings(False)
-
-
 def _lines(text: str) -> list[dict[str, str]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def test_json_lines_carry_time_level_logger_message_and_context(
-        root_logging: None, capsys: pytest.CaptureFixture[str]) -> None:
+        capsys: pytest.CaptureFixture[str]) -> None:
     logs.configure("INFO", "json")
     log = logging.getLogger("gemq.test")
     seen: list[str] = []
@@ -69,7 +57,7 @@ def test_json_lines_carry_time_level_logger_message_and_context(
 
 
 def test_the_level_filters_and_warnings_become_log_lines(
-        root_logging: None, capsys: pytest.CaptureFixture[str]) -> None:
+        capsys: pytest.CaptureFixture[str]) -> None:
     logs.configure("WARNING", "json")
     log = logging.getLogger("gemq.test")
     log.info("dropped")
@@ -83,8 +71,7 @@ def test_the_level_filters_and_warnings_become_log_lines(
     assert "a library's warning" in lines[1]["message"]
 
 
-def test_text_stays_the_default(root_logging: None,
-                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_text_stays_the_default(capsys: pytest.CaptureFixture[str]) -> None:
     logs.configure()
     logging.getLogger("gemq.test").info("plain")
     (line,) = capsys.readouterr().err.splitlines()
