@@ -10,7 +10,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -89,10 +89,12 @@ class GemqProcess:
     """``python -m gemq ARGS`` as a child process; its output goes to a temporary file."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None,
-                 cwd: Path | None = None) -> None:
+                 cwd: Path | None = None, launcher: Sequence[str] = ()) -> None:
+        """``launcher``: a command that runs the rest of the command line in place of
+        itself (``exec``), such as ``unshare``."""
         self.log = tempfile.NamedTemporaryFile(prefix="gemq-proc-", suffix=".log")  # noqa: SIM115 (closed by stop())
         # A session of its own: stop() reaps its children too (rq's work horses).
-        self.process = subprocess.Popen([sys.executable, "-m", "gemq", *args],
+        self.process = subprocess.Popen([*launcher, sys.executable, "-m", "gemq", *args],
                                         stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                         cwd=cwd, start_new_session=True,
                                         preexec_fn=_sigint_default)

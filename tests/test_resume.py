@@ -18,6 +18,7 @@ import redis
 
 from gemq.records.curves import CsvSink, CurveReader
 from gemq.records.recording import CurveRecorder
+from gemq.records.runfolder import RunFolder
 from gemq.running.embedded import EmbeddedRedis
 from gemq.running.savedstate import SavedState, state_file
 from gemq.state.store import RunState, RunStore
@@ -195,7 +196,7 @@ def test_resumed_curves_drop_the_rows_the_saved_state_does_not_hold(
                                   for i, u in ((ids[0], 1), (ids[1], 2), (ids[2], 3),
                                                (later, 4))])
     new = redis_client.xadd(store.keys.metrics, {"t_ms": 9, "updates": 9}).decode()
-    with CurveRecorder(store, path, append=True) as curves:
+    with CurveRecorder(store, RunFolder(tmp_path, "c", ()), append=True) as curves:
         curves.poll()
     rows = _curve(path)
     assert [row["stream_id"] for row in rows] == [*ids, new]

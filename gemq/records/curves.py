@@ -20,7 +20,7 @@ import io
 import json
 import math
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import IO, TYPE_CHECKING, Protocol
 
 from gemq.errors import ConfigError
@@ -144,23 +144,28 @@ class CurveSink(Protocol):
     def close(self) -> None: ...
 
 
+def csv_text(header: Sequence[str], rows: Sequence[Row], with_header: bool = False) -> str:
+    """``rows`` as CSV lines of ``header``'s columns (after a header line if asked)."""
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=header, lineterminator="\n")
+    if with_header:
+        writer.writeheader()
+    writer.writerows(rows)
+    return text.getvalue()
+
+
 class CsvSink:
     """Rows as CSV with a header line; an empty cell for None."""
 
     def __init__(self, out: IO[str], header: Sequence[str]) -> None:
         self.out = out
         self.header = list(header)
-        self._write(lambda writer: writer.writeheader())
+        self.out.write(csv_text(self.header, [], with_header=True))
 
     def write(self, rows: Sequence[Row]) -> None:
-        self._write(lambda writer: writer.writerows(rows))
-
-    def _write(self, fill: Callable[[csv.DictWriter[str]], object]) -> None:
         # Each batch goes out in one piece: a process killed between two flushes leaves
         # whole rows, never the first half of one.
-        text = io.StringIO()
-        fill(csv.DictWriter(text, fieldnames=self.header, lineterminator="\n"))
-        self.out.write(text.getvalue())
+        self.out.write(csv_text(self.header, rows))
 
     def flush(self) -> None:
         self.out.flush()

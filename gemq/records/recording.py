@@ -5,27 +5,34 @@ leaves its curves up to its last poll."""
 from __future__ import annotations
 
 import csv
+import logging
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 
-from gemq.records.curves import CsvSink, CurveReader, CurveSink
+from gemq.records.curvefile import CurveFile
+from gemq.records.curves import CURVES_FILE, CurveReader, CurveSink, Row
+from gemq.records.runfolder import RunFolder
 from gemq.state.store import RunStore
+
+log = logging.getLogger(__name__)
 
 
 class CurveRecorder:
     """Follows a run's metrics stream and appends each new entry to its sinks."""
 
-    def __init__(self, store: RunStore, path: Path, tensorboard: Path | None = None, *,
+    def __init__(self, store: RunStore, folder: RunFolder, tensorboard: Path | None = None, *,
                  append: bool = False) -> None:
-        """``append``: the run is resumed, and ``path`` holds its curves so far: rows past
+        """``append``: the run is resumed, and ``folder`` holds its curves so far: rows past
         the run's restored metrics (written after its last saved state) are dropped, and
         the new ones follow."""
         self.reader = CurveReader(store)
         header = self.reader.rows.columns
-        path.parent.mkdir(parents=True, exist_ok=True)
-        csv_sink = (_appended(path, header, self.reader, store) if append and path.exists()
-                    else CsvSink(path.open("w", newline=""), header))
-        self.sinks: list[CurveSink] = [csv_sink]
+        kept = _kept_rows(folder.file(CURVES_FILE), header, store) if append else []
+        if kept:
+            self.reader.last_id = str(kept[-1]["stream_id"])
+        self.sinks: list[CurveSink] = [CurveFile(folder, header, kept)]
         if tensorboard is not None:
             from gemq.records.tensorboard_curves import TensorBoardSink
 
@@ -36,16 +43,25 @@ class CurveRecorder:
         """Write what was committed since the last poll, and flush it."""
         wrote = False
         for rows in self.reader.pages():
-            for sink in self.sinks:
-                sink.write(rows)
+            self._each_sink(partial(_write, rows=rows))
             wrote = True
         if wrote:
-            for sink in self.sinks:
-                sink.flush()
+            self._each_sink(lambda sink: sink.flush())
 
     def close(self) -> None:
-        for sink in self.sinks:
-            sink.close()
+        self._each_sink(lambda sink: sink.close())
+
+    def _each_sink(self, do: Callable[[CurveSink], None]) -> None:
+        """Do ``do`` to each sink; a sink that fails with an OSError (TensorBoard's folder
+        full, say) is dropped with a warning: the run and its other curves go on. The
+        metrics.csv sink does not fail so: it finds another place (gemq.records.curvefile).
+        """
+        for sink in list(self.sinks):
+            try:
+                do(sink)
+            except OSError as e:
+                log.warning("%s stops: %s; the run goes on", type(sink).__name__, e)
+                self.sinks.remove(sink)
 
     def __enter__(self) -> CurveRecorder:
         return self
@@ -55,20 +71,24 @@ class CurveRecorder:
         self.close()
 
 
-def _appended(path: Path, header: list[str], reader: CurveReader, store: RunStore) -> CsvSink:
-    """A sink that goes on after ``path``'s rows up to the newest metrics entry ``store``
-    holds; ``reader`` then starts after it."""
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
+def _write(sink: CurveSink, rows: list[Row]) -> None:
+    sink.write(rows)
+
+
+def _kept_rows(path: Path, header: list[str], store: RunStore) -> list[Row]:
+    """``path``'s rows up to the newest metrics entry ``store`` holds (none if it cannot
+    be read)."""
+    try:
+        with path.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError as e:
+        log.warning("cannot read the run's curves so far from %s (%s): metrics.csv starts "
+                    "again from the resumed state", path, e.strerror or e)
+        return []
     newest = store.latest_metrics(1)
     last = stream_order(newest[0][0]) if newest else (0, 0)
-    kept = [row for row in rows if stream_order(row.get("stream_id") or "0-0") <= last]
-    sink = CsvSink(path.open("w", newline=""), header)
-    sink.write([{column: row.get(column, "") for column in header} for row in kept])
-    sink.flush()
-    if kept:
-        reader.last_id = kept[-1]["stream_id"]
-    return sink
+    return [{column: row.get(column, "") for column in header} for row in rows
+            if stream_order(row.get("stream_id") or "0-0") <= last]
 
 
 def stream_order(entry_id: str) -> tuple[int, int]:

@@ -39,12 +39,13 @@ from gemq.process import raise_on_termination
 from gemq.records.curves import CURVES_FILE
 from gemq.records.progress import ProgressDisplay
 from gemq.records.recording import CurveRecorder
+from gemq.records.runfolder import RunFolder
 from gemq.records.summary import RunSummary, run_totals
 from gemq.records.tensorboard_curves import require_tensorboard
 from gemq.records.verdict import poor_result
 from gemq.running.cluster import EmbeddedCluster
 from gemq.running.dashboard import local_dashboard
-from gemq.running.modelfile import ModelFile
+from gemq.running.modelfile import MODEL_FILE, ModelFile
 from gemq.running.runs import create_run
 from gemq.running.savedstate import SavedState, state_file
 from gemq.state.connection import (
@@ -156,7 +157,7 @@ def _spec(value: ModelSpec | DatasetSpec) -> str:
 
 #: What a run leaves in its output folder (beside dashboard.log, with --dashboard); the
 #: results are what a second run of the same name must not replace.
-MODEL_FILE, SUMMARY_FILE, CONFIG_FILE = "model.pt", "summary.json", "config.toml"
+SUMMARY_FILE, CONFIG_FILE = "summary.json", "config.toml"
 RESULT_FILES = (MODEL_FILE, SUMMARY_FILE, CURVES_FILE)
 
 
@@ -212,7 +213,6 @@ def run_local(config: RunConfig, options: LocalOptions, data: DataSplit | None =
         store = create_run(client, config, data, init_from)
         if options.redis_url is None:
             refuse_oversized_values(client, store, config)
-        _write_config_file(out / CONFIG_FILE, config, options)
         return train_run(url, state, client, store, options, data, out)
 
 
@@ -220,27 +220,30 @@ def train_run(url: str, state: SavedState | None, client: redis.Redis, store: Ru
               options: LocalOptions, data: DataSplit, out: Path,
               resumed: bool = False) -> RunSummary:
     """Train ``store``'s run (new, or ``resumed``) to its end with this machine's processes,
-    writing its results to ``out``; ``state``: the private Redis' saved state, if any."""
+    writing its results to ``out`` (or, if the disk refuses them there, to the folder a
+    warning names: gemq.records.runfolder); ``state``: the private Redis' saved state, if
+    any."""
     config = store.config()
     model = build_model(config.model, data.in_features, data.num_classes)
     started, started_ms = time.monotonic(), now_ms()
+    folder = RunFolder(out, config.run_id, (CONFIG_FILE, *RESULT_FILES))
+    _write_config_file(folder, config, options)
     with local_dashboard(url, options.dashboard, out / "dashboard.log") as dashboard:
         if dashboard is not None:
             print(f"run {config.run_id}: dashboard at {dashboard.url}", file=sys.stderr,
                   flush=True)
-        model_file = ModelFile(store, model, out / MODEL_FILE)
+        model_file = ModelFile(store, model, folder)
         if state is not None:
             state.arm(client)
         try:
-            with CurveRecorder(store, out / CURVES_FILE, options.tensorboard,
-                               append=resumed) as curves:
+            with CurveRecorder(store, folder, options.tensorboard, append=resumed) as curves:
                 _supervise(url, store, config, options, model_file, curves,
                            lambda: state.save_if_due(client) if state else None)
             for shard in store.shards():  # again: workers published after it
                 release_if_ended(shard, store.state())
         except BaseException:  # Ctrl-C, SIGTERM, a failed run: keep what was learnt
             model_file.save_on_the_way_out()
-            keep_for_resume(store, state, url, out, options)
+            keep_for_resume(store, state, url, out, model_file.path, options)
             raise
         if state is not None:
             state.discard(client)
@@ -252,8 +255,9 @@ def train_run(url: str, state: SavedState | None, client: redis.Redis, store: Ru
                             else f"embedded cluster of {options.local_cluster} masters"
                             if options.local_cluster else "embedded")
         model_file.save()
+        _write_config_file(folder, config, options)  # again if the folder was removed
         summary["wall_time_s"] = round(time.monotonic() - started, 3)
-        result = _finish(config, options, data, model, out, summary)
+        result = _finish(config, options, data, model, folder, summary)
         if dashboard is not None:
             accuracy = (f", test accuracy {100 * result.test_accuracy:.1f}%"
                         if result.test_accuracy is not None else "")
@@ -293,7 +297,7 @@ def local_redis(options: LocalOptions, out: Path) -> Iterator[tuple[str, SavedSt
 
 
 def keep_for_resume(store: RunStore, state: SavedState | None, url: str, out: Path,
-                    options: LocalOptions) -> None:
+                    model: Path, options: LocalOptions) -> None:
     """An interrupted run that has not ended keeps its state, and says how to go on; one
     that has (failed, or finished as it was interrupted) keeps none."""
     try:
@@ -308,7 +312,7 @@ def keep_for_resume(store: RunStore, state: SavedState | None, url: str, out: Pa
         return
     if options.local_cluster:
         log.warning("the run's state lived in its private cluster, which stops now: start "
-                    "a new run from the model with --init-from %s", out / MODEL_FILE)
+                    "a new run from the model with --init-from %s", model)
         return
     if state is None:
         log.warning("the run stays in the Redis at %s: continue it with gemq run --resume "
@@ -429,8 +433,9 @@ def _terminate(processes: list[BaseProcess]) -> None:
 
 
 def _finish(config: RunConfig, options: LocalOptions, data: DataSplit, model: nn.Module,
-            out: Path, summary: dict[str, Any]) -> RunSummary:
-    """Evaluate the final model (loaded by the model file) and write the summary."""
+            folder: RunFolder, summary: dict[str, Any]) -> RunSummary:
+    """Evaluate the final model (loaded by the model file) and write the summary, which
+    names the folder that holds the results."""
     loss = load_loss(config.loss)
     summary["train_loss"], summary["train_accuracy"] = evaluate(model, data.train, loss=loss)
     summary["test_loss"], summary["test_accuracy"] = evaluate(model, data.test, loss=loss)
@@ -444,16 +449,25 @@ def _finish(config: RunConfig, options: LocalOptions, data: DataSplit, model: nn
     summary["config"] = config
     wall = summary["wall_time_s"]
     summary["updates_per_s"] = round(summary["updates_applied"] / wall, 2) if wall else None
-    summary["model_path"] = out / MODEL_FILE
-    summary["summary_path"] = out / SUMMARY_FILE
-    result = RunSummary(**summary)
-    result.write_json()
-    return result
+
+    def write(path: Path) -> RunSummary:
+        result = RunSummary(**summary, model_path=path.with_name(MODEL_FILE),
+                            summary_path=path)
+        result.write_json()
+        return result
+
+    return folder.write(SUMMARY_FILE, write)
 
 
-def _write_config_file(path: Path, config: RunConfig, options: LocalOptions) -> None:
-    """The run's settings as ``--config`` takes them back: its training settings, its
-    budget in updates and its workers (not its id, nor where it ran)."""
+def _write_config_file(folder: RunFolder, config: RunConfig, options: LocalOptions) -> None:
+    """The run's settings as ``--config`` takes them back, unless the folder holds them
+    (a resumed run's): its training settings, its budget in updates and its workers (not
+    its id, nor where it ran)."""
+    if not folder.file(CONFIG_FILE).exists():
+        folder.write(CONFIG_FILE, lambda path: _config_file(path, config, options))
+
+
+def _config_file(path: Path, config: RunConfig, options: LocalOptions) -> None:
     settings = {s.name: getattr(config, s.name) for s in USER_SETTINGS
                 if s.group != BUDGET}
     write_config_file(path, {**settings, "steps": config.budget_updates,

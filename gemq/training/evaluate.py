@@ -71,6 +71,11 @@ def save_state_dict(model: nn.Module, path: Path) -> Path:
     reader never sees half a file, even if this process dies while writing."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    torch.save(model.state_dict(), partial)
-    partial.replace(path)
+    try:
+        with partial.open("wb") as f:  # a disk's refusal is an OSError, not torch's own
+            torch.save(model.state_dict(), f)
+        partial.replace(path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     return path
