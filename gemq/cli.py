@@ -347,7 +347,9 @@ def _print_summary(s: RunSummary) -> None:
 
 def _cmd_create(args: argparse.Namespace) -> int:
     from gemq.running.runs import initial_state
+    from gemq.shards import ShardPlan
     from gemq.state.connection import COMMAND_WAIT_S, connect
+    from gemq.state.serverfit import check_server
     from gemq.state.store import RunStore
     from gemq.training.data import load_dataset
 
@@ -359,6 +361,7 @@ def _cmd_create(args: argparse.Namespace) -> int:
     layout, state = initial_state(config, data, args.init_from)  # before Redis is touched
     client = connect(url, wait_s=COMMAND_WAIT_S)
     try:
+        check_server(client, config, ShardPlan.of(layout, config.shards))
         RunStore(client, config.run_id).create(config, layout, state)
     except RunExists as e:
         raise GemqError(str(e)) from e

@@ -58,6 +58,7 @@ from gemq.state.connection import (
     wait_until_ready,
 )
 from gemq.state.retention import release_if_ended
+from gemq.state.serverfit import BULK_LEN_SLACK, largest_value
 from gemq.state.store import ENDED, RunState, RunStore, now_ms
 from gemq.training.data import DataSplit, load_dataset
 from gemq.training.evaluate import evaluate, majority_share
@@ -65,13 +66,11 @@ from gemq.training.losses import load_loss
 from gemq.training.models import build_model
 from gemq.training.specs import spec_of
 from gemq.training.worker import resolve_device, worker_main
-from gemq.wire import codec
 
 log = logging.getLogger(__name__)
 
-#: Redis' smallest allowed proto-max-bulk-len, and room beyond a run's largest value.
+#: Redis' smallest allowed proto-max-bulk-len.
 MIN_BULK_LEN = 1024 * 1024
-BULK_LEN_SLACK = 64 * 1024
 #: The most masters --local-cluster starts (each is a redis-server process).
 MAX_LOCAL_MASTERS = 16
 #: Worker processes yield the CPU to the aggregator and Redis: on a machine with fewer cores
@@ -210,7 +209,8 @@ def run_local(config: RunConfig, options: LocalOptions, data: DataSplit | None =
     # SIGTERM and SIGHUP unwind like Ctrl-C: children stopped, the private Redis with them.
     with raise_on_termination(), local_redis(options, out) as (url, state), \
             connected(url) as client:
-        store = create_run(client, config, data, init_from)
+        store = create_run(client, config, data, init_from,
+                           check_redis=options.redis_url is not None)
         if options.redis_url is None:
             refuse_oversized_values(client, store, config)
         return train_run(url, state, client, store, options, data, out)
@@ -326,10 +326,7 @@ def refuse_oversized_values(client: redis.Redis, store: RunStore, config: RunCon
     """Make the private Redis refuse any value larger than this run's largest legal one (a
     parameter vector or a gradient message): an oversized stream entry is then refused when
     it is written, and never reaches the aggregator's memory."""
-    size = max(shard.size for shard in store.plan().shards)
-    expected = codec.Expected(config.run_id, "", size, config.wire_dtype,
-                              config.max_message_bytes)
-    largest = max(4 * size, expected.byte_limit)
+    largest = largest_value(config, store.plan())
     on_every_node = {"target_nodes": "all"} if is_cluster(client) else {}
     client.config_set("proto-max-bulk-len", max(MIN_BULK_LEN, largest + BULK_LEN_SLACK),
                       **on_every_node)

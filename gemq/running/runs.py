@@ -12,6 +12,8 @@ from torch import nn
 from gemq.config import RunConfig
 from gemq.errors import SpecError
 from gemq.layout import ParamLayout
+from gemq.shards import ShardPlan
+from gemq.state.serverfit import check_server
 from gemq.state.store import RunStore
 from gemq.training.data import DataSplit, load_dataset
 from gemq.training.flatmodel import flat_state
@@ -20,10 +22,13 @@ from gemq.training.models import build_model, layout_of
 
 
 def create_run(client: redis.Redis, config: RunConfig, data: DataSplit | None = None,
-               init_from: Path | None = None) -> RunStore:
+               init_from: Path | None = None, check_redis: bool = True) -> RunStore:
     """Write a new run to Redis, with the initial state of ``initial_state``. Raises
-    RunExists if the id is taken."""
+    RunExists if the id is taken, and UnsuitableRedis for a Redis that could evict the
+    run's keys (``check_redis``: gemq.state.serverfit; not for a Redis gemq set up)."""
     layout, state = initial_state(config, data, init_from)
+    if check_redis:
+        check_server(client, config, ShardPlan.of(layout, config.shards))
     store = RunStore(client, config.run_id)
     store.create(config, layout, state)
     return store

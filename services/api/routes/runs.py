@@ -17,6 +17,7 @@ from gemq.errors import ConfigError, RunBusy, RunExists, RunNotFound, SpecError
 from gemq.records import combine
 from gemq.running.runs import create_run
 from gemq.state.retention import delete_run
+from gemq.state.serverfit import UnsuitableRedis
 from gemq.state.store import ENDED, RunStore, run_count
 from gemq.training.data import DataSplit, load_dataset
 from gemq.training.specs import is_import_spec
@@ -69,6 +70,8 @@ def _create(client: Any, request: RunRequest, allow_imports: bool) -> RunStore:
         raise _unprocessable("model", str(e)) from e
     except RunExists as e:
         raise HTTPException(409, str(e)) from e
+    except UnsuitableRedis as e:
+        raise HTTPException(503, str(e)) from e
 
 
 def _unprocessable(field: str, message: str) -> HTTPException:
@@ -95,7 +98,9 @@ def list_runs(client: RedisClient, queue: QueueClient,
              responses={**AUTH_ERRORS, **BODY_ERRORS,
                         400: {"description": "the body is not valid JSON"},
                         409: {"description": "a run with this id exists"},
-                        422: {"description": "invalid configuration"}})
+                        422: {"description": "invalid configuration"},
+                        503: {"description": "the service's Redis could evict the run's "
+                                             "keys (its maxmemory-policy), or is down"}})
 async def create(request: RunRequest, client: RedisClient, queue: QueueClient,
                  settings: Settings) -> dict[str, Any]:
     """Create a run from a configuration and, unless start is false, start it."""
