@@ -224,6 +224,52 @@ def test_force_deletes_a_run_only_once_its_workers_are_gone(redis_client: redis.
     assert deleted.keys > 5 and run_keys(redis_client, "abandoned") == set()
 
 
+def test_a_created_run_with_workers_attached_is_not_deleted_under_them(
+        redis_client: redis.Redis) -> None:
+    """Workers wait on a created run for its start; deleting it made them exit 1."""
+    store = small_run(redis_client, "waiting", worker_timeout_s=30)
+    store.heartbeat("w3")
+    for force in (False, True):
+        with pytest.raises(RunBusy, match="worker 'w3' was heard from") as refused:
+            delete_run(redis_client, "waiting", force=force)
+        assert refused.value.reason == "workers"
+    assert store.config().run_id == "waiting"
+    redis_client.zadd(store.keys.workers, {"w3": now_ms() - 31_000})  # gone for 31 s
+    assert delete_run(redis_client, "waiting").keys > 5
+
+
+def test_a_worker_frozen_past_the_deletion_makes_no_key_again(
+        redis_client: redis.Redis) -> None:
+    """Every write a worker makes, made after its run was deleted (as by a worker frozen
+    through the deletion, SIGSTOP or a partition): none makes a key of the run again."""
+    store = ended_run(redis_client, "thawed")
+    store.heartbeat("w1")
+    delete_run(redis_client, "thawed")
+    with pytest.raises(RunNotFound):
+        publish(store, version=0)
+    store.heartbeat("w1")
+    assert store.claim_evaluation(7) is False
+    store.record_evaluation(70, 0.5, 0.9)
+    assert store.fail("late") is False
+    with pytest.raises(RunNotFound):
+        store.conclude()
+    assert run_keys(redis_client, "thawed") == set()
+
+
+def test_keys_left_by_a_writer_after_the_deletion_are_removed_by_the_next(
+        redis_client: redis.Redis) -> None:
+    """An aggregator frozen past its lease and the deletion may still write a counter: the
+    run is gone from the index, and `gemq rm` (delete_run) removes what is left."""
+    ended_run(redis_client, "late")
+    delete_run(redis_client, "late")
+    redis_client.hincrby("gemq:{late}:counters", "rejected:stale", 1)
+    redis_client.hset("gemq:{late}:status", "leader", "a frozen aggregator")
+    assert delete_run(redis_client, "late").keys == 2
+    assert run_keys(redis_client, "late") == set()
+    with pytest.raises(RunNotFound, match="no run 'late' in Redis"):
+        delete_run(redis_client, "late")
+
+
 def test_a_deletion_cut_short_is_finished(redis_client: redis.Redis) -> None:
     store = ended_run(redis_client, "half")
     redis_client.delete(store.keys.status, store.keys.config)  # claimed, then the process died

@@ -171,14 +171,22 @@ def delete_run(client: redis.Redis, run_id: str, *, force: bool = False) -> Dele
     if not is_valid_run_id(run_id):
         raise RunNotFound(f"no run {run_id!r}: not a valid run id")
     _refuse_if_another_shard_is_led(client, run_id)
+    guards = _write_guards(client, run_id)
     verdict, detail, claimed = _claim(client, run_id, force)
     if verdict == "deleting":
         raise RunNotFound(f"no run {run_id!r}: another deletion of it is under way")
-    if verdict == "missing" and client.zscore(RUNS_INDEX, run_id) is None:
-        raise RunNotFound(f"no run {run_id!r} in Redis")
     if verdict not in ("claimed", "missing"):
         raise RunBusy(verdict, _refusal(run_id, verdict, detail))
-    count = claimed + _unlink_matching(client, run_key_pattern(run_id))
+    # What workers check before they write (a head) and what they append to (a stream)
+    # go first: a worker frozen until now cannot make the run's keys again.
+    count = claimed + (sum(client.unlink(key) for key in guards) if guards else 0)
+    count += _unlink_matching(client, run_key_pattern(run_id))
+    if verdict == "missing" and client.zscore(RUNS_INDEX, run_id) is None:
+        if not count:
+            raise RunNotFound(f"no run {run_id!r} in Redis")
+        log.warning("run %s: removed %d keys its writers left after its deletion",
+                    run_id, count)
+        return Deleted(run_id, count, None)
     client.zrem(RUNS_INDEX, run_id)
     client.delete(deletion_marker(run_id))
     return_freed_memory(client)
@@ -195,14 +203,22 @@ def _refuse_if_another_shard_is_led(client: redis.Redis, run_id: str) -> None:
                 raise RunBusy("led", _refusal(run_id, "led", ""))
 
 
+def _write_guards(client: redis.Redis, run_id: str) -> list[str]:
+    """The head and gradient stream of each shard of the run (none once its configuration
+    is gone)."""
+    with contextlib.suppress(RunNotFound):
+        return [key for shard in RunStore(client, run_id).shards()
+                for key in (shard.keys.head, shard.keys.gradients)]
+    return []
+
+
 def _claim(client: redis.Redis, run_id: str, force: bool) -> tuple[str, str, int]:
     """scripts.CLAIM_DELETION's (verdict, detail, keys it deleted)."""
     store = RunStore(client, run_id)
     quiet_since = 0
     # Without a configuration the run is being deleted already: nothing runs it.
     with contextlib.suppress(RunNotFound):
-        if force:
-            quiet_since = now_ms() - int(1000 * store.config().worker_timeout_s)
+        quiet_since = now_ms() - int(1000 * store.config().worker_timeout_s)
     keys = store.keys
     claim = client.register_script(scripts.CLAIM_DELETION)
     reply: Any = claim(keys=[keys.status, keys.lease, keys.workers, keys.config,

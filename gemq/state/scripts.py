@@ -119,8 +119,12 @@ return 1
 #: gradient never passes through Lua (Redis would hash every byte of it); COUNTED sees
 #: whether the XADD took by the stream's length, which nothing else can change inside the
 #: MULTI, and counts the gradient only then: `published` counts entries that exist.
+#: The stream exists as long as the run does: a worker that publishes to a deleted run
+#: (frozen past the deletion) must not make its keys again, so MARK writes nothing then and
+#: the XADD is NOMKSTREAM.
 #: KEYS: gradients, worker hash.
 MARK = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return end
 redis.call('HSET', KEYS[2], 'stream_length', redis.call('XLEN', KEYS[1]))
 """
 
@@ -129,7 +133,7 @@ redis.call('HSET', KEYS[2], 'stream_length', redis.call('XLEN', KEYS[1]))
 #: aggregator attributes gradients only to registered workers.
 COUNTED = """
 local before = tonumber(redis.call('HGET', KEYS[2], 'stream_length'))
-if redis.call('XLEN', KEYS[1]) ~= before + 1 then return 0 end
+if not before or redis.call('XLEN', KEYS[1]) ~= before + 1 then return 0 end
 redis.call('HINCRBY', KEYS[3], 'published', 1)
 redis.call('HINCRBY', KEYS[2], 'steps', 1)
 redis.call('HSET', KEYS[2], 'heartbeat_ms', ARGV[2])
@@ -150,10 +154,11 @@ redis.call('HSET', KEYS[1], 'job_id', ARGV[1], 'job_ids', ARGV[2])
 return 'ok'
 """
 
-#: KEYS: evaluation claim.  ARGV: index.  A worker claims the held-out evaluation of
+#: KEYS: evaluation claim, head.  ARGV: index.  A worker claims the held-out evaluation of
 #: ``index`` (updates // eval_every); 1 if it is the first to, 0 if that or a later one was
-#: claimed already.
+#: claimed already, or the run is gone.
 CLAIM_EVALUATION = """
+if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
 local claimed = tonumber(redis.call('GET', KEYS[1]) or '-1')
 if tonumber(ARGV[1]) <= claimed then return 0 end
 redis.call('SET', KEYS[1], ARGV[1])
@@ -161,19 +166,20 @@ return 1
 """
 
 #: KEYS: status.  ARGV: state, now_ms, error.  Gives a run that has not ended its final
-#: state (and error, if any); returns 1 if it did.
+#: state (and error, if any); returns 1 if it did (0 for one ended, or gone).
 CONCLUDE = """
 local state = redis.call('HGET', KEYS[1], 'state')
-if state == 'finished' or state == 'stopped' or state == 'failed' then return 0 end
+if not state or state == 'finished' or state == 'stopped' or state == 'failed' then return 0 end
 redis.call('HSET', KEYS[1], 'state', ARGV[1], 'ended_ms', ARGV[2])
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[3]) end
 return 1
 """
 
-#: KEYS: status.  ARGV: error, now_ms.  Fails a run that has not ended; returns 1 if it did.
+#: KEYS: status.  ARGV: error, now_ms.  Fails a run that has not ended (nor is gone);
+#: returns 1 if it did.
 FAIL = """
 local state = redis.call('HGET', KEYS[1], 'state')
-if state == 'finished' or state == 'stopped' or state == 'failed' then return 0 end
+if not state or state == 'finished' or state == 'stopped' or state == 'failed' then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'failed', 'error', ARGV[1], 'ended_ms', ARGV[2])
 return 1
 """
@@ -192,9 +198,10 @@ return 0
 #: removes it when done). Returns {verdict, detail, keys deleted}, the verdict one of:
 #: deleting (another deletion is under way), missing (no status, no config, no deletion
 #: under way), led (an aggregator holds the lease: it leads the run
-#: or is finishing it), busy (running or queued; detail: the state), workers (with force: a
-#: worker was heard from since quiet_since_ms; detail: its id), claimed (detail: the rq job
-#: id, '' if none).
+#: or is finishing it), busy (running or queued; detail: the state), workers (a run that has
+#: not ended, created or, with force, running or queued: a worker was heard from since
+#: quiet_since_ms, and may write to it; detail: its id), claimed (detail: the rq job id, ''
+#: if none).
 CLAIM_DELETION = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state and redis.call('EXISTS', KEYS[4]) == 0 then
@@ -205,6 +212,8 @@ if redis.call('EXISTS', KEYS[2]) == 1 then return {'led', '', 0} end
 local job = redis.call('HGET', KEYS[1], 'job_id') or ''
 if state == 'running' or (state == 'created' and job ~= '') then
   if ARGV[1] ~= '1' then return {'busy', state, 0} end
+end
+if state == 'running' or state == 'created' then
   local heard = redis.call('ZRANGEBYSCORE', KEYS[3], ARGV[2], '+inf', 'LIMIT', 0, 1)
   if #heard > 0 then return {'workers', heard[1], 0} end
 end
@@ -212,4 +221,22 @@ local deleted = redis.call('DEL', KEYS[1], KEYS[4])
 -- pcall: a Redis out of memory refuses the SET, and deleting is how it gets memory back.
 redis.pcall('SET', KEYS[5], '1', 'PX', ARGV[3])
 return {'claimed', job, deleted}
+"""
+
+#: Writes of workers besides their gradients, made only while the run (the shard, by its
+#: head) exists: a worker frozen past the run's deletion does not make its keys again.
+#: Each returns 1 if it wrote, 0 if the run is gone.
+#: KEYS: head, worker hash, workers (zset).  ARGV: worker id, now_ms.
+HEARTBEAT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[2], 'heartbeat_ms', ARGV[2])
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
+return 1
+"""
+
+#: KEYS: head, evaluation (hash).  ARGV: field, value, field, value...
+RECORD_EVALUATION = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[2], unpack(ARGV))
+return 1
 """

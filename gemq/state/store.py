@@ -110,6 +110,8 @@ class RunStore:
         self._conclude = client.register_script(scripts.CONCLUDE)
         self._claim_evaluation = client.register_script(scripts.CLAIM_EVALUATION)
         self._claim_start = client.register_script(scripts.CLAIM_START)
+        self._heartbeat = client.register_script(scripts.HEARTBEAT)
+        self._record_evaluation = client.register_script(scripts.RECORD_EVALUATION)
 
     def _stored_tag(self, run_id: str, shard: int) -> str | None:
         """The tag run creation placed ``shard`` under; None: it kept its default."""
@@ -294,7 +296,7 @@ class RunStore:
         pipe = self._r.pipeline(transaction=True)
         self._queue_publish(pipe, worker_id, message)
         replies = pipe.execute(raise_on_error=False)
-        _check_published(replies)
+        _check_published(replies, self.run_id)
         return str(replies[1].decode())
 
     def publish_and_view(self, worker_id: str, message: Message) -> StepView:
@@ -312,7 +314,7 @@ class RunStore:
 
     def published_view(self, replies: list[Any]) -> StepView:
         """The view ``queue_publish_and_view`` brought back (its replies, in order)."""
-        _check_published(replies)
+        _check_published(replies, self.run_id)
         return self.view_of(replies[3:])
 
     @property
@@ -333,7 +335,8 @@ class RunStore:
         k = self.keys
         worker = k.worker(worker_id)
         pipe.execute_command("EVAL", scripts.MARK, 2, k.gradients, worker)
-        pipe.xadd(k.gradients, {SENDER_FIELD: worker_id, MESSAGE_FIELD: message})
+        pipe.xadd(k.gradients, {SENDER_FIELD: worker_id, MESSAGE_FIELD: message},
+                  nomkstream=True)
         pipe.execute_command("EVAL", scripts.COUNTED, 4, k.gradients, worker, k.counters,
                              k.workers, worker_id, now_ms())
 
@@ -354,11 +357,8 @@ class RunStore:
         return StepView(int(version), int(pending), state[0].decode() if state else None)
 
     def heartbeat(self, worker_id: str) -> None:
-        now = now_ms()
-        pipe = self._r.pipeline(transaction=False)
-        pipe.hset(self.keys.worker(worker_id), "heartbeat_ms", now)
-        pipe.zadd(self.keys.workers, {worker_id: now})
-        pipe.execute()
+        self._heartbeat(keys=[self.keys.head, self.keys.worker(worker_id), self.keys.workers],
+                        args=[worker_id, now_ms()])
 
     def worker_states(self, limit: int = WORKER_LISTING) -> dict[str, dict[str, str]]:
         """The ``limit`` workers heard from most recently, by id."""
@@ -375,15 +375,17 @@ class RunStore:
 
     def claim_evaluation(self, index: int) -> bool:
         """True for the first worker to claim held-out evaluation ``index``."""
-        return bool(self._claim_evaluation(keys=[self.keys.evaluation_claim], args=[index]))
+        return bool(self._claim_evaluation(keys=[self.keys.evaluation_claim, self.keys.head],
+                                           args=[index]))
 
     def record_evaluation(self, updates: int, loss: float, accuracy: float | None) -> None:
         """Leave a held-out evaluation of the parameters at ``updates`` for the next commit
         to put into its metrics entry."""
-        fields = {"eval_updates": updates, "test_loss": f"{loss:.6g}"}
+        fields: dict[str, str | int] = {"eval_updates": updates, "test_loss": f"{loss:.6g}"}
         if accuracy is not None:
             fields["test_accuracy"] = f"{accuracy:.6g}"
-        self._r.hset(self.keys.evaluation, mapping=fields)
+        self._record_evaluation(keys=[self.keys.head, self.keys.evaluation],
+                                args=[item for pair in fields.items() for item in pair])
 
     def workers_since(self, since_ms: int) -> set[str]:
         """The ids of the workers heard from since ``since_ms``."""
@@ -460,12 +462,14 @@ def f32_view(params: np.ndarray) -> memoryview:
     return memoryview(array).cast("B")  # type: ignore[arg-type]
 
 
-def _check_published(replies: list[Any]) -> None:
+def _check_published(replies: list[Any], run_id: str) -> None:
     """Raise what kept a publication's MULTI (MARK, XADD, COUNTED) from adding its entry."""
     for reply in replies[:3]:
         if isinstance(reply, redis.ResponseError):
             raise PublishRefused(f"Redis refused the gradient: {reply}") from reply
         if isinstance(reply, Exception):
             raise reply
+    if replies[1] is None:  # NOMKSTREAM: the stream, and so the run, is gone
+        raise RunNotFound(f"no run {run_id!r} in Redis")
     if replies[2] != 1:
         raise PublishRefused("Redis did not add the gradient to the stream")
