@@ -17,6 +17,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from gemq import __version__, logs
 from gemq.cliargs import (
     EXIT_POOR_RESULT,
@@ -248,6 +250,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except GemqError as e:
         print(f"gemq: error: {e}", file=sys.stderr)
+        return 1
+    except redis.RedisError as e:  # what gemq does not wait out: a reply that is not Redis'
+        print(f"gemq: error: Redis: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("gemq: interrupted", file=sys.stderr)

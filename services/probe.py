@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+
+from gemq.state.connection import probe_client
 
 DEFAULT_HEARTBEAT_FILE = "/tmp/gemq-heartbeat"
 HEARTBEAT_PERIOD_S = 5.0
@@ -40,8 +40,7 @@ def redis_error(url: str, timeout_s: float = 2.0) -> str | None:
     """None if Redis at ``url`` answers one PING within ``timeout_s`` (to connect, then to
     answer), else the error. One attempt: the caller decides whether to try again."""
     try:
-        with redis.Redis.from_url(url, socket_connect_timeout=timeout_s,
-                                  socket_timeout=timeout_s, retry=Retry(NoBackoff(), 0)) as client:
+        with probe_client(url, timeout_s) as client:
             client.ping()
     except (redis.RedisError, OSError) as e:
         return str(e) or type(e).__name__

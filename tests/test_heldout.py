@@ -4,6 +4,7 @@ aggregator and commit script)."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import numpy as np
@@ -13,7 +14,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from gemq.aggregation.aggregator import Aggregator, AggregatorOptions
-from gemq.state.store import RunState
+from gemq.state.store import RunState, RunStore
 from gemq.training.evaluate import evaluate
 from gemq.training.heldout import EVAL_SAMPLES, HeldOutEvaluation
 from tests.helpers import SMALL_LAYOUT, gradient_message, small_run
@@ -28,6 +29,12 @@ def test_each_multiple_is_claimed_once_and_a_late_worker_skips_it(
     assert store.claim_evaluation(4)
 
 
+def _recorded(client: redis.Redis, store: RunStore) -> list[dict[str, str]]:
+    """The evaluations waiting for a commit, oldest first."""
+    pairs = [json.loads(raw) for raw in client.lrange(store.keys.evaluations, 0, -1)]
+    return [dict(zip(p[::2], p[1::2], strict=True)) for p in pairs]
+
+
 def test_two_workers_evaluate_each_multiple_once_on_the_first_held_out_samples(
         redis_client: redis.Redis) -> None:
     store = small_run(redis_client, "two", eval_every=100)
@@ -39,30 +46,29 @@ def test_two_workers_evaluate_each_multiple_once_on_the_first_held_out_samples(
     a = HeldOutEvaluation(store, config, test, loss)
     b = HeldOutEvaluation(store, config, test, loss)
     a.evaluate_if_due(99, model)
-    assert not redis_client.exists(store.keys.evaluation)  # not due before 100
+    assert not redis_client.exists(store.keys.evaluations)  # not due before 100
     a.evaluate_if_due(104, model)
-    recorded = {k.decode(): v.decode() for k, v in
-                redis_client.hgetall(store.keys.evaluation).items()}
+    (recorded,) = _recorded(redis_client, store)
     first = evaluate(model, torch.utils.data.Subset(test, range(EVAL_SAMPLES)), loss=loss)
     assert recorded["eval_updates"] == "104"
     assert float(recorded["test_loss"]) == float(f"{first[0]:.6g}")
     assert float(recorded["test_accuracy"]) == float(f"{first[1]:.6g}")
-    redis_client.delete(store.keys.evaluation)
+    redis_client.delete(store.keys.evaluations)
     b.evaluate_if_due(150, model)  # multiple 1 is a's
-    assert not redis_client.exists(store.keys.evaluation)
+    assert not redis_client.exists(store.keys.evaluations)
     b.evaluate_if_due(230, model)
-    assert redis_client.hget(store.keys.evaluation, "eval_updates") == b"230"
-    redis_client.delete(store.keys.evaluation)
+    assert [e["eval_updates"] for e in _recorded(redis_client, store)] == ["230"]
+    redis_client.delete(store.keys.evaluations)
     a.evaluate_if_due(260, model)  # multiple 2 is b's
-    assert not redis_client.exists(store.keys.evaluation)
+    assert not redis_client.exists(store.keys.evaluations)
     never = HeldOutEvaluation(store, config.replace(eval_every=0), test, loss)
     never.evaluate_if_due(10_000, model)
-    assert not redis_client.exists(store.keys.evaluation)
+    assert not redis_client.exists(store.keys.evaluations)
 
 
 def test_the_next_commit_carries_the_evaluation_into_the_metrics(
         redis_client: redis.Redis) -> None:
-    store = small_run(redis_client, "carried", budget_updates=6)
+    store = small_run(redis_client, "carried", budget_updates=6, read_batch=1)
     rng = np.random.default_rng(0)
 
     def publish(count: int) -> None:
@@ -71,7 +77,9 @@ def test_the_next_commit_carries_the_evaluation_into_the_metrics(
             store.publish_gradient("w0", gradient_message(store, "w0", gradient, version=0))
 
     publish(3)
+    # Two before a commit (workers evaluate at once): neither is lost, each has an entry.
     store.record_evaluation(2, 0.5, 0.75)
+    store.record_evaluation(3, 0.25, None)
     result: list[str] = []
     options = AggregatorOptions(lease_ms=1000, idle_block_ms=50)
     thread = threading.Thread(target=lambda: result.append(Aggregator(store, options).run()))
@@ -85,9 +93,9 @@ def test_the_next_commit_carries_the_evaluation_into_the_metrics(
     assert result == [RunState.FINISHED]
     rows = [fields for _, fields in store.metrics_since("0-0", 100)]
     carried = [row for row in rows if "eval_updates" in row]
-    assert len(carried) == 1, rows
-    assert carried[0]["eval_updates"] == "2"
+    assert [row["eval_updates"] for row in carried] == ["2", "3"], rows
     assert float(carried[0]["test_loss"]) == 0.5
     assert float(carried[0]["test_accuracy"]) == 0.75
-    assert carried[0]["loss"]  # an ordinary commit entry besides
-    assert not redis_client.exists(store.keys.evaluation)  # moved, not copied
+    assert float(carried[1]["test_loss"]) == 0.25 and "test_accuracy" not in carried[1]
+    assert all(row["loss"] for row in carried)  # ordinary commit entries besides
+    assert not redis_client.exists(store.keys.evaluations)  # moved, not copied

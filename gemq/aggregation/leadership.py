@@ -193,7 +193,7 @@ class Leadership:
         worker_ids = list(plan.workers)
         staging = k.staging(token)
         keys = [k.lease, k.head, k.versions, k.gradients, k.metrics, k.counters,
-                k.params(plan.version), staging, k.moments, k.evaluation]
+                k.params(plan.version), staging, k.moments, k.evaluations]
         keys += [k.params(v) for v in plan.drop] + [k.worker(w) for w in worker_ids]
         for worker_id, moment in plan.checkpoint.items():
             keys += [k.staged_moment(token, worker_id), k.moment(worker_id)]

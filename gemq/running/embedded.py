@@ -24,6 +24,7 @@ import redis
 
 from gemq.errors import GemqError
 from gemq.process import parent_death_signal_preexec, terminate
+from gemq.state.serverfit import SAFE_BULK_LEN
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,10 @@ class EmbeddedRedis:
         args = [find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1",
                 "--dir", str(self.directory), "--save", "",
                 "--appendonly", "yes" if self.appendonly else "no",
-                "--appendfsync", "everysec", "--daemonize", "no", "--logfile", "redis.log"]
+                "--appendfsync", "everysec", "--daemonize", "no", "--logfile", "redis.log",
+                # As k8s/base/config/redis.conf (gemq.state.serverfit): values up to 65 MB,
+                # not Redis' 512 MB; gemq run's private Redis sets its run's own bound.
+                "--proto-max-bulk-len", str(SAFE_BULK_LEN)]
         if self.password:
             args += ["--requirepass", self.password]
         if self.tls:

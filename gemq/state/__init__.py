@@ -3,6 +3,8 @@
 | module | one job |
 |---|---|
 | ``connection`` | opening Redis connections: bounded, logged retries; the zero-copy packer |
+| ``deadline`` | a reply that trickles in is cut off like one that never comes |
+| ``serverfit`` | whether a Redis a user brings suits a run (eviction, value size) |
 | ``bulkreads`` | large replies read straight into their own buffer |
 | ``redispy`` | whether redis-py has the internals the fast paths use; if not, its own ways |
 | ``keys`` | every key and stream name, and the fields of a gradient stream entry |
@@ -11,7 +13,8 @@
 | ``store`` | ``RunStore``: the Redis side of one shard of a run (the façade) |
 | ``retention`` | what an ended run keeps, deleting runs, how many are kept |
 
-The dependencies point one way: retention -> store -> placement, scripts, keys; connection
--> redispy -> bulkreads; and down to the wire format (gemq.wire.codec) and the base (config,
-layout, shards, ids, errors). Nothing here imports torch or the aggregation rules.
+The dependencies point one way: retention -> store -> placement, scripts, keys; serverfit ->
+connection -> deadline, redispy -> bulkreads; and down to the wire format (gemq.wire.codec)
+and the base (config, layout, shards, ids, errors). Nothing here imports torch or the
+aggregation rules.
 """

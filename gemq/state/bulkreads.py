@@ -36,6 +36,7 @@ line says so once.
 
 from __future__ import annotations
 
+import os
 from typing import Any, cast
 
 import numpy as np
@@ -47,6 +48,9 @@ from redis._parsers.socket import SENTINEL, SERVER_CLOSED_CONNECTION_ERROR, Sock
 #: are cheap) and stay ``bytes``.
 LARGE = 1 << 20
 _CRLF = b"\r\n"
+#: No reply can be larger than the machine's memory: a bulk length beyond it is refused
+#: before anything is allocated.
+_PHYSICAL_MEMORY = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 class _InPlaceBuffer(SocketBuffer):
@@ -55,7 +59,15 @@ class _InPlaceBuffer(SocketBuffer):
     def read(self, length: int, timeout: float | object = SENTINEL) -> Any:
         if length < LARGE:
             return super().read(length, timeout)
-        out = np.empty(length + len(_CRLF), np.uint8)  # the value, then its terminator
+        if length > _PHYSICAL_MEMORY:  # a hostile or broken server: 2^62, 2^64 ...
+            raise exceptions.InvalidResponse(
+                f"Protocol Error: a bulk string of {length} bytes, more than this machine's "
+                f"memory ({_PHYSICAL_MEMORY} bytes)")
+        try:
+            out = np.empty(length + len(_CRLF), np.uint8)  # the value, then its terminator
+        except (MemoryError, ValueError) as e:
+            raise exceptions.InvalidResponse(
+                f"a bulk string of {length} bytes does not fit in memory: {e}") from e
         view = out.data
         buffered = self._live_buffer()
         filled = buffered.readinto(view)  # what the last reads brought of it already

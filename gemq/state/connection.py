@@ -16,7 +16,7 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from gemq.errors import GemqError, RedisUnavailable
-from gemq.state import redispy
+from gemq.state import deadline, redispy
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +149,7 @@ def connect(url: str, *, wait_s: float | None = 30.0, socket_timeout_s: float = 
             url, socket_connect_timeout=5, socket_timeout=socket_timeout_s,
             retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=retries),
             retry_on_error=list(TRANSIENT_ERRORS), health_check_interval=30,
+            connection_class=deadline.connection_class(url),
             **_packing_settings(), **_reading_settings())
     except ValueError as e:
         raise RedisUnavailable(f"invalid Redis URL {redact(url)!r}: {e}") from e
@@ -178,6 +179,18 @@ COMMAND_WAIT_S = 5.0
 _REMIND_EVERY_S = 30.0
 
 
+#: How long one PING of ``wait_until_ready`` may take, to connect and then to answer.
+PROBE_TIMEOUT_S = 5.0
+
+
+def probe_client(url: str, timeout_s: float) -> redis.Redis:
+    """A client for one quick question (PING, INFO): ``timeout_s`` to connect and to
+    answer, no retry."""
+    return redis.Redis.from_url(url, socket_connect_timeout=timeout_s,
+                                socket_timeout=timeout_s, retry=Retry(NoBackoff(), 0),
+                                connection_class=deadline.connection_class(url))
+
+
 def wait_until_ready(url: str, wait_s: float) -> None:
     """PING ``url`` until it answers, for up to ``wait_s`` seconds.
 
@@ -191,7 +204,7 @@ def wait_until_ready(url: str, wait_s: float) -> None:
     while True:
         attempt += 1
         try:
-            with redis.Redis.from_url(url, socket_connect_timeout=2) as probe:
+            with probe_client(url, PROBE_TIMEOUT_S) as probe:
                 probe.ping()
             if attempt > 1:
                 log.info("Redis at %s answered after %.1f s", redact(url),
@@ -280,9 +293,7 @@ def is_cluster(client_or_url: redis.Redis | RedisCluster | str, timeout_s: float
         return _cluster_enabled(client_or_url)
     url = client_or_url
     try:
-        with redis.Redis.from_url(url, socket_connect_timeout=timeout_s,
-                                  socket_timeout=timeout_s,
-                                  retry=Retry(NoBackoff(), 0)) as client:
+        with probe_client(url, timeout_s) as client:
             return _cluster_enabled(client)
     except ValueError as e:
         raise RedisUnavailable(f"invalid Redis URL {redact(url)!r}: {e}") from e
@@ -313,6 +324,8 @@ class _NodePool(redis.ConnectionPool):
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("health_check_interval", 30)
+        kwargs["connection_class"] = deadline.with_deadlines(
+            kwargs.get("connection_class", redis.Connection))
         for name, value in {**_packing_settings(), **_reading_settings()}.items():
             kwargs.setdefault(name, value)
         super().__init__(**kwargs)

@@ -140,10 +140,11 @@ class RunKeys:
         return self._key(f"staging:{token}")
 
     @property
-    def evaluation(self) -> str:
-        """Hash: the newest held-out evaluation (eval_updates, test_loss, test_accuracy),
-        until a commit moves it into its metrics entry."""
-        return self._key("evaluation")
+    def evaluations(self) -> str:
+        """List: held-out evaluations workers left for the next commits, oldest first, each
+        a JSON array of field, value, field, value... (eval_updates, test_loss,
+        test_accuracy); each commit moves one into its metrics entry."""
+        return self._key("evaluations")
 
     @property
     def evaluation_claim(self) -> str:

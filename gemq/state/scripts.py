@@ -27,13 +27,14 @@ return 1
 #: Every key is the shard's (one slot): the run's status is set apart (CONCLUDE), once the
 #: shards have their final states.
 #: KEYS: lease, head, versions, gradients, metrics, counters, new params, staged params,
-#:       moments index, evaluation, then plan.n_drop snapshot keys to delete, one key per
+#:       moments index, evaluations, then plan.n_drop snapshot keys to delete, one key per
 #:       plan.workers entry, (staged, final) moment keys per plan.checkpoint entry, and one
 #:       moment key per plan.forget entry.
 #: ARGV: token, lease_ms, msgpack plan.
 #: Everything a batch changes lands in this one atomic step: parameters, head, the XACK of
-#: the batch, trimming, metrics, counters and worker state. A held-out evaluation a worker
-#: left since the last commit goes into this one's metrics entry. The trim drops every entry up
+#: the batch, trimming, metrics, counters and worker state. The oldest held-out evaluation
+#: workers left (none lost when two come between commits) goes into this one's metrics
+#: entry. The trim drops every entry up
 #: to the last one applied, that one included: the stream's length, which workers'
 #: backpressure compares with max_pending, then counts only entries not applied yet. It
 #: never passes an entry still pending outside this window (a deposed leader's read may
@@ -85,9 +86,10 @@ if #plan.ack > 0 then
   redis.call('XDEL', KEYS[4], plan.last_id)
 end
 if #plan.metrics > 0 then
-  local evaluation = redis.call('HGETALL', KEYS[10])
-  for _, v in ipairs(evaluation) do table.insert(plan.metrics, v) end
-  if #evaluation > 0 then redis.call('DEL', KEYS[10]) end
+  local evaluation = redis.call('LPOP', KEYS[10])
+  if evaluation then
+    for _, v in ipairs(cjson.decode(evaluation)) do table.insert(plan.metrics, v) end
+  end
   redis.call('XADD', KEYS[5], 'MAXLEN', '~', plan.metrics_maxlen, '*', unpack(plan.metrics))
 end
 for field, n in pairs(plan.counters) do
@@ -234,9 +236,9 @@ redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
 return 1
 """
 
-#: KEYS: head, evaluation (hash).  ARGV: field, value, field, value...
+#: KEYS: head, evaluations (list).  ARGV: the evaluation, a JSON array of field, value...
 RECORD_EVALUATION = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[2], unpack(ARGV))
+redis.call('RPUSH', KEYS[2], ARGV[1])
 return 1
 """

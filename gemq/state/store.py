@@ -24,6 +24,7 @@ never get a parameter vector with the wrong version: the version is part of the 
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from enum import StrEnum
@@ -381,11 +382,11 @@ class RunStore:
     def record_evaluation(self, updates: int, loss: float, accuracy: float | None) -> None:
         """Leave a held-out evaluation of the parameters at ``updates`` for the next commit
         to put into its metrics entry."""
-        fields: dict[str, str | int] = {"eval_updates": updates, "test_loss": f"{loss:.6g}"}
+        fields = {"eval_updates": str(updates), "test_loss": f"{loss:.6g}"}
         if accuracy is not None:
             fields["test_accuracy"] = f"{accuracy:.6g}"
-        self._record_evaluation(keys=[self.keys.head, self.keys.evaluation],
-                                args=[item for pair in fields.items() for item in pair])
+        self._record_evaluation(keys=[self.keys.head, self.keys.evaluations],
+                                args=[json.dumps([x for pair in fields.items() for x in pair])])
 
     def workers_since(self, since_ms: int) -> set[str]:
         """The ids of the workers heard from since ``since_ms``."""

@@ -1,0 +1,116 @@
+"""A Redis reply that trickles in is cut off like one that never comes.
+
+redis-py's ``socket_timeout`` bounds each read from the socket, so a server (or a link)
+that sends a byte a second keeps a command waiting for ever: a client's call, the API's
+``/api/runs``. gemq's connections wrap their socket so that the reply to a command must
+come within the socket timeout plus the time its bytes take at ``MIN_BYTES_PER_S``: a
+large reply over a slow link is read whole, a trickle ends in ``socket.timeout``, which
+redis-py reports as its TimeoutError, an outage like a server that froze: waited out
+and retried where the caller does that, a 503 from the API.
+
+The wrapper leans on one redis-py internal, ``_connect()`` (which returns the new
+socket), present with that meaning in every release pyproject.toml allows
+(tests/test_redis_internals.py checks it).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+import redis
+from redis.connection import SSLConnection, UnixDomainSocketConnection
+
+#: The slowest a reply may come once its first byte is late: a second per this many bytes.
+MIN_BYTES_PER_S = 256 * 1024
+
+
+class DeadlineSocket:
+    """``sock``, whose reads after each send share one deadline."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._timeout: float | None = sock.gettimeout()
+        self._deadline: float | None = None  # set by the first read after a send
+
+    def settimeout(self, timeout: float | None) -> None:
+        self._timeout = timeout
+        self._sock.settimeout(timeout)
+
+    def gettimeout(self) -> float | None:
+        return self._timeout
+
+    def sendall(self, data: Any, *args: Any) -> None:
+        self._deadline = None
+        self._sock.sendall(data, *args)
+
+    def recv(self, size: int, flags: int = 0) -> bytes:
+        self._before_read(flags)
+        data = self._sock.recv(size, flags)
+        self._after_read(len(data), flags)
+        return data
+
+    def recv_into(self, buffer: Any, size: int = 0, flags: int = 0) -> int:
+        self._before_read(flags)
+        got = self._sock.recv_into(buffer, size, flags)
+        self._after_read(got, flags)
+        return got
+
+    def _before_read(self, flags: int) -> None:
+        if self._timeout is None or self._timeout == 0 or flags & socket.MSG_PEEK:
+            return  # no deadline for blocking reads without a timeout, polls and peeks
+        now = time.monotonic()
+        if self._deadline is None:
+            self._deadline = now + self._timeout
+        left = self._deadline - now
+        if left <= 0:
+            raise TimeoutError(f"the reply came too slowly (under {MIN_BYTES_PER_S} "
+                               "bytes/s after the socket timeout)")
+        self._sock.settimeout(min(self._timeout, left))
+
+    def _after_read(self, size: int, flags: int) -> None:
+        if self._deadline is not None and not flags & socket.MSG_PEEK:
+            self._deadline += size / MIN_BYTES_PER_S
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+class _Deadlines:
+    """A connection whose socket is a DeadlineSocket."""
+
+    def _connect(self) -> Any:
+        return DeadlineSocket(super()._connect())  # type: ignore[misc]
+
+
+class DeadlineConnection(_Deadlines, redis.Connection):
+    pass
+
+
+class DeadlineSSLConnection(_Deadlines, SSLConnection):
+    pass
+
+
+class DeadlineUnixConnection(_Deadlines, UnixDomainSocketConnection):
+    pass
+
+
+def connection_class(url: str) -> type[redis.Connection] | type[UnixDomainSocketConnection]:
+    """The connection class for ``url``'s scheme, as redis-py picks, with deadlines."""
+    scheme = url.split("://", 1)[0].lower()
+    if scheme == "rediss":
+        return DeadlineSSLConnection
+    if scheme == "unix":
+        return DeadlineUnixConnection
+    return DeadlineConnection
+
+
+def with_deadlines(cls: type[Any]) -> type[Any]:
+    """The deadline class of a connection class redis-py chose (a cluster node's)."""
+    for plain, timed in ((SSLConnection, DeadlineSSLConnection),
+                         (UnixDomainSocketConnection, DeadlineUnixConnection),
+                         (redis.Connection, DeadlineConnection)):
+        if issubclass(cls, plain) and not issubclass(cls, _Deadlines):
+            return timed
+    return cls
