@@ -21,9 +21,16 @@ from typing import Any
 import pytest
 import redis
 
+from gemq.running.embedded import EmbeddedRedis
 from gemq.state import redispy
 from gemq.state.bulkreads import InPlaceParser
-from gemq.state.connection import ZeroCopyPacker, _packing_settings, _reading_settings
+from gemq.state.connection import (
+    ZeroCopyPacker,
+    _packing_settings,
+    _reading_settings,
+    connect,
+)
+from gemq.state.deadline import DeadlineSocket
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,6 +57,13 @@ ZERO_COPY_PACKING = [
     ("redis.connection", "HiredisRespSerializer"),
     ("redis.connection", "PythonRespSerializer"),
     ("redis.connection", "AbstractConnection"),  # its command_packer argument
+]
+#: What gemq/state/deadline.py uses of redis-py. Not a fast path with a fallback: every
+#: release pyproject.toml allows must have it (the lowest-versions job runs this too).
+DEADLINES = [
+    ("redis.connection", "Connection._connect"),  # returns the new socket
+    ("redis.connection", "SSLConnection._connect"),
+    ("redis.connection", "UnixDomainSocketConnection._connect"),
 ]
 #: Instances for the ``()`` entries: the arguments bulkreads' code makes them with.
 CONSTRUCTED: dict[str, tuple[Any, ...]] = {"_RESP3Parser": (1,), "SocketBuffer": (None, 1, None),
@@ -101,6 +115,21 @@ def pinned_redis_py() -> str:
     match = re.search(r"^redis==(\S+)$", pins, re.MULTILINE)
     assert match, "docker/constraints.txt pins no redis release"
     return match.group(1)
+
+
+def test_every_allowed_redis_py_lets_gemq_put_a_deadline_on_its_sockets(
+        redis_server: EmbeddedRedis) -> None:
+    assert absent(DEADLINES) == []
+    client = connect(redis_server.url, wait_s=5)
+    try:
+        assert client.ping()
+        connection = client.connection_pool.get_connection()
+        try:
+            assert isinstance(connection._sock, DeadlineSocket)
+        finally:
+            client.connection_pool.release(connection)
+    finally:
+        client.close()
 
 
 def test_the_redis_py_the_images_pin_has_both_fast_paths() -> None:
