@@ -216,7 +216,7 @@ def test_every_key_of_a_run_carries_the_hash_tag() -> None:
         "lease": "gemq:{exp-1}:lease",
         "staging": "gemq:{exp-1}:staging:host:1:ab",
         "moments": "gemq:{exp-1}:moments",
-        "evaluation": "gemq:{exp-1}:evaluation",
+        "evaluations": "gemq:{exp-1}:evaluations",
         "evaluation_claim": "gemq:{exp-1}:evaluation_claim",
         "moment": "gemq:{exp-1}:moment:w-1",
         "staged_moment": "gemq:{exp-1}:staging:host:1:ab:moment:w-1",

@@ -140,10 +140,19 @@ class Peaks:
         self.series.append(row)
 
 
-def rate_over(read: Callable[[], int], seconds: float) -> float:
-    """Events per second of a monotone counter over a window of ``seconds``."""
+#: The longest a window waits for its first events beyond its length (s).
+RATE_WAIT_S = 120.0
+
+
+def rate_over(read: Callable[[], int], seconds: float, at_least: int = 1) -> float:
+    """Events per second of a monotone counter over a window of ``seconds``, or longer,
+    until it holds ``at_least`` events: on a loaded machine a short window can fall before
+    slow processes make their first step, and a rate of 0 would measure only that. A
+    counter that stays still for RATE_WAIT_S more is a rate of 0 after all."""
     first, t0 = read(), time.monotonic()
     time.sleep(seconds)
+    while read() - first < at_least and time.monotonic() - t0 < seconds + RATE_WAIT_S:
+        time.sleep(0.05)
     last, t1 = read(), time.monotonic()
     return (last - first) / (t1 - t0)
 

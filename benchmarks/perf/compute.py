@@ -85,7 +85,8 @@ def system_rate(n: int, window_s: float, **settings: Any) -> dict[str, Any]:
         try:
             time.sleep(min(2.0, window_s / 2))  # let the first parameter reads settle
             t0, applied0 = time.monotonic(), counter(system.store, "applied")
-            steps = rate_over(lambda: counter(system.store, "published"), window_s)
+            steps = rate_over(lambda: counter(system.store, "published"), window_s,
+                              at_least=n)
             applied = (counter(system.store, "applied") - applied0) / (time.monotonic() - t0)
             rows = system.store.latest_metrics(50)
         finally:
