@@ -45,20 +45,24 @@ class DeadlineSocket:
         self._deadline = None
         self._sock.sendall(data, *args)
 
-    def recv(self, size: int, flags: int = 0) -> bytes:
-        self._before_read(flags)
-        data = self._sock.recv(size, flags)
-        self._after_read(len(data), flags)
+    # The arguments go on as given: an SSL socket reads nothing when told a size of 0,
+    # which a plain socket takes for "the buffer's size".
+    def recv(self, size: int, *flags: int) -> bytes:
+        peek = _peeks(flags)
+        self._before_read(peek)
+        data = self._sock.recv(size, *flags)
+        self._after_read(len(data), peek)
         return data
 
-    def recv_into(self, buffer: Any, size: int = 0, flags: int = 0) -> int:
-        self._before_read(flags)
-        got = self._sock.recv_into(buffer, size, flags)
-        self._after_read(got, flags)
+    def recv_into(self, buffer: Any, *size_and_flags: int) -> int:
+        peek = _peeks(size_and_flags[1:])
+        self._before_read(peek)
+        got = self._sock.recv_into(buffer, *size_and_flags)
+        self._after_read(got, peek)
         return got
 
-    def _before_read(self, flags: int) -> None:
-        if self._timeout is None or self._timeout == 0 or flags & socket.MSG_PEEK:
+    def _before_read(self, peek: bool) -> None:
+        if self._timeout is None or self._timeout == 0 or peek:
             return  # no deadline for blocking reads without a timeout, polls and peeks
         now = time.monotonic()
         if self._deadline is None:
@@ -69,12 +73,16 @@ class DeadlineSocket:
                                "bytes/s after the socket timeout)")
         self._sock.settimeout(min(self._timeout, left))
 
-    def _after_read(self, size: int, flags: int) -> None:
-        if self._deadline is not None and not flags & socket.MSG_PEEK:
+    def _after_read(self, size: int, peek: bool) -> None:
+        if self._deadline is not None and not peek:
             self._deadline += size / MIN_BYTES_PER_S
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
+
+
+def _peeks(flags: tuple[int, ...]) -> bool:
+    return bool(flags and flags[0] & socket.MSG_PEEK)
 
 
 class _Deadlines:
