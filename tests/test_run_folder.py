@@ -102,41 +102,39 @@ def _fallback(output: str) -> Path:
     return Path(line.split("results go to ", 1)[1].split(" instead")[0])
 
 
-@needs_mounts
-def test_a_disk_that_fills_up_costs_neither_the_run_nor_its_results(
-        on_tmpfs: tuple[GemqProcess, Path]) -> None:
-    run, mount = on_tmpfs
+def _fault_mid_run(run: GemqProcess, mount: Path, fault: str, error: str) -> None:
+    """Run ``fault`` (a shell script) in the run's namespace once its first rows are
+    written; the run must finish, say ``error`` without a traceback, and leave every
+    result in the folder its warning names."""
     # Its files, seen from outside its namespace.
     inside = Path(f"/proc/{run.process.pid}/root") / mount.relative_to("/") / "run"
     _wait_for_first_rows(inside / "metrics.csv", run)
-    _in_its_namespace(run, f'cat /dev/zero > "{mount}/filler"; true')
+    _in_its_namespace(run, fault)
     assert run.wait(300) == 0, run.output()
     output = run.output()
     fallback = _fallback(output)
     try:
-        assert "No space left on device" in output and "Traceback" not in output
+        assert error in output and "Traceback" not in output
         _assert_results_complete(output, fallback)
     finally:
         shutil.rmtree(fallback, ignore_errors=True)
+
+
+@needs_mounts
+def test_a_disk_that_fills_up_costs_neither_the_run_nor_its_results(
+        on_tmpfs: tuple[GemqProcess, Path]) -> None:
+    run, mount = on_tmpfs
+    _fault_mid_run(run, mount, f'cat /dev/zero > "{mount}/filler"; true',
+                   "No space left on device")
 
 
 @needs_mounts
 def test_a_folder_turned_read_only_costs_neither_the_run_nor_its_model(
         on_tmpfs: tuple[GemqProcess, Path]) -> None:
     run, mount = on_tmpfs
-    inside = Path(f"/proc/{run.process.pid}/root") / mount.relative_to("/") / "run"
-    _wait_for_first_rows(inside / "metrics.csv", run)
     folder = mount / "run"
-    _in_its_namespace(run, f'mount --bind "{folder}" "{folder}" && '
-                           f'mount -o remount,bind,ro "{folder}"')
-    assert run.wait(300) == 0, run.output()
-    output = run.output()
-    fallback = _fallback(output)
-    try:
-        assert "Read-only file system" in output and "Traceback" not in output
-        _assert_results_complete(output, fallback)
-    finally:
-        shutil.rmtree(fallback, ignore_errors=True)
+    _fault_mid_run(run, mount, f'mount --bind "{folder}" "{folder}" && '
+                               f'mount -o remount,bind,ro "{folder}"', "Read-only file system")
 
 
 def test_a_folder_removed_mid_run_is_made_again_with_all_its_results(tmp_path: Path) -> None:
