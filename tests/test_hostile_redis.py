@@ -157,7 +157,7 @@ def test_gemq_status_says_one_line_for_a_bulk_length_no_server_could_mean(
 def test_a_reply_that_trickles_in_is_cut_off_like_one_that_never_comes(
         proxy: TrickleProxy, redis_client: redis.Redis) -> None:
     """A 2 KB value at 5 bytes a second: every read of it gets a byte within the socket
-    timeout, so only a deadline on the whole reply ends it (it took 400 s)."""
+    timeout, so only a deadline on the whole reply ends it (at that rate, some 400 s)."""
     redis_client.set("value", b"v" * 2048)
     client = connect(proxy.url, wait_s=5, socket_timeout_s=2, retries=0)
     assert client.get("value") == b"v" * 2048

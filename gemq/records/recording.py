@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import logging
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from types import TracebackType
 
@@ -41,11 +40,9 @@ class CurveRecorder:
 
     def poll(self) -> None:
         """Write what was committed since the last poll, and flush it."""
-        wrote = False
-        for rows in self.reader.pages():
-            self._each_sink(partial(_write, rows=rows))
-            wrote = True
-        if wrote:
+        rows = [row for page in self.reader.pages() for row in page]
+        if rows:
+            self._each_sink(lambda sink: sink.write(rows))
             self._each_sink(lambda sink: sink.flush())
 
     def close(self) -> None:
@@ -69,10 +66,6 @@ class CurveRecorder:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
         self.close()
-
-
-def _write(sink: CurveSink, rows: list[Row]) -> None:
-    sink.write(rows)
 
 
 def _kept_rows(path: Path, header: list[str], store: RunStore) -> list[Row]:

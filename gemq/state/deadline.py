@@ -32,10 +32,13 @@ class DeadlineSocket:
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
         self._timeout: float | None = sock.gettimeout()
+        # What the socket is set to now: setting it costs a system call, which a read of a
+        # reply that comes in time (the deadline further off than the timeout) does without.
+        self._applied = self._timeout
         self._deadline: float | None = None  # set by the first read after a send
 
     def settimeout(self, timeout: float | None) -> None:
-        self._timeout = timeout
+        self._timeout = self._applied = timeout
         self._sock.settimeout(timeout)
 
     def gettimeout(self) -> float | None:
@@ -45,8 +48,8 @@ class DeadlineSocket:
         self._deadline = None
         self._sock.sendall(data, *args)
 
-    # The arguments go on as given: an SSL socket reads nothing when told a size of 0,
-    # which a plain socket takes for "the buffer's size".
+    # The arguments go on as given, so the socket's own defaults apply (an SSL socket's
+    # are not a plain one's).
     def recv(self, size: int, *flags: int) -> bytes:
         peek = _peeks(flags)
         self._before_read(peek)
@@ -71,7 +74,10 @@ class DeadlineSocket:
         if left <= 0:
             raise TimeoutError(f"the reply came too slowly (under {MIN_BYTES_PER_S} "
                                "bytes/s after the socket timeout)")
-        self._sock.settimeout(min(self._timeout, left))
+        wanted = min(self._timeout, left)
+        if wanted != self._applied:
+            self._sock.settimeout(wanted)
+            self._applied = wanted
 
     def _after_read(self, size: int, peek: bool) -> None:
         if self._deadline is not None and not peek:

@@ -179,7 +179,7 @@ def delete_run(client: redis.Redis, run_id: str, *, force: bool = False) -> Dele
         raise RunBusy(verdict, _refusal(run_id, verdict, detail))
     # What workers check before they write (a head) and what they append to (a stream)
     # go first: a worker frozen until now cannot make the run's keys again.
-    count = claimed + (sum(client.unlink(key) for key in guards) if guards else 0)
+    count = claimed + sum(client.unlink(key) for key in guards)
     count += _unlink_matching(client, run_key_pattern(run_id))
     if verdict == "missing" and client.zscore(RUNS_INDEX, run_id) is None:
         if not count:
