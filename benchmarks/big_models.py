@@ -1,6 +1,6 @@
 """Models too big for one Redis value or one aggregator, as ``module:factory`` specs.
 
-    gemq run --model benchmarks.big_models:mlp_11m --dataset mnist5k --shards 2
+    gemq run --model benchmarks.big_models:mlp_11m --dataset mnist5k
 
 Both take MNIST's 784 inputs and give 10 logits (the default ``cross_entropy`` loss).
 ``MLP_11M`` and ``MLP_150M`` list their parameter shapes, so a benchmark or test can lay
@@ -21,6 +21,9 @@ def mlp_shapes(*widths: int) -> list[tuple[str, tuple[int, ...]]]:
     return shapes
 
 
+#: 784-1200-10: 954,010 parameters (3.6 MB of float32): too big for the values gemq keeps for
+#: small models to fit a Redis of 256 MB, small enough to fit once sized.
+MLP_1M = (784, 1200, 10)
 #: 784-3000-3000-10: 11,388,010 parameters (45.6 MB of float32), ResNet-18's order.
 MLP_11M = (784, 3000, 3000, 10)
 #: 784-12000-12000-10: 153,552,010 parameters (614 MB of float32): over Redis' 512 MB value
@@ -36,6 +39,10 @@ def mlp(*widths: int) -> Any:
     for fan_in, fan_out in zip(widths, widths[1:], strict=False):
         layers += [nn.Linear(fan_in, fan_out), nn.ReLU()]
     return nn.Sequential(*layers[:-1])  # no ReLU after the logits
+
+
+def mlp_1m() -> Any:
+    return mlp(*MLP_1M)
 
 
 def mlp_11m() -> Any:

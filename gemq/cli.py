@@ -38,9 +38,11 @@ from gemq.config import (
     BUDGET,
     COMPUTE,
     LIMITS,
+    PLANNED_WORKERS,
     TRAINING,
     TRANSPORT,
     USER_SETTINGS,
+    left_to_gemq,
     make_config,
     validate_settings,
 )
@@ -124,6 +126,9 @@ def build_parser() -> Parser:
     add_settings(create, RUN_GROUPS)
     add_run(create, _NEW_RUN_ID)
     add_redis(create, required=True)
+    create.add_argument("--workers", type=positive_int, default=PLANNED_WORKERS,
+                        help="workers you plan to run: what the settings left at auto are "
+                             "sized for")
     _add_init_from(create)
     add_config(create)
 
@@ -351,11 +356,8 @@ def _print_summary(s: RunSummary) -> None:
 
 
 def _cmd_create(args: argparse.Namespace) -> int:
-    from gemq.running.runs import initial_state
-    from gemq.shards import ShardPlan
+    from gemq.running.runs import create_sized, initial_state
     from gemq.state.connection import COMMAND_WAIT_S, connect
-    from gemq.state.serverfit import check_server
-    from gemq.state.store import RunStore
     from gemq.training.data import load_dataset
 
     settings = _run_settings(args)
@@ -366,12 +368,14 @@ def _cmd_create(args: argparse.Namespace) -> int:
     layout, state = initial_state(config, data, args.init_from)  # before Redis is touched
     client = connect(url, wait_s=COMMAND_WAIT_S)
     try:
-        check_server(client, config, ShardPlan.of(layout, config.shards))
-        RunStore(client, config.run_id).create(config, layout, state)
+        _, sizing = create_sized(client, config, layout, state,
+                                 left_to_gemq=left_to_gemq(settings), workers=args.workers)
     except RunExists as e:
         raise GemqError(str(e)) from e
     finally:
         client.close()
+    if sizing.differs_from_defaults():
+        print(f"run {config.run_id}: {sizing.describe()}", file=sys.stderr)
     print(config.run_id)
     return 0
 

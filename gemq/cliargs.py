@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gemq.config import BUDGET, USER_SETTINGS, Setting
+from gemq.config import AUTO, BUDGET, USER_SETTINGS, Setting
 from gemq.errors import ConfigError
 
 EXIT_USAGE = 2
@@ -79,6 +79,8 @@ def flag(name: str) -> str:
 def _value_parser(setting: Setting) -> Callable[[str], Any]:
     """Reads a flag's text as the setting's type and checks its range (argparse's type=)."""
     def parse(text: str) -> Any:
+        if setting.auto and text.strip().lower() == AUTO:
+            return AUTO
         value = setting.kind(text)  # a ValueError becomes argparse's "invalid <type> value"
         try:
             setting.check(value)
@@ -96,8 +98,8 @@ def add_settings(parser: argparse.ArgumentParser, groups: Iterable[str]) -> None
         group = parser.add_argument_group(group_name)
         target: Any = group.add_mutually_exclusive_group() if group_name == BUDGET else group
         for setting in (s for s in USER_SETTINGS if s.group == group_name):
-            typed = ({"choices": setting.choices} if setting.choices
-                     else {"type": _value_parser(setting)})
+            typed = ({"choices": (*((AUTO,) if setting.auto else ()), *setting.choices)}
+                     if setting.choices else {"type": _value_parser(setting)})
             target.add_argument(flag(setting.name), dest=setting.name,
                                 default=setting.default, help=setting.help, **typed)
 

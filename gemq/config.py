@@ -32,6 +32,9 @@ DEFAULT_EPOCHS = 10.0
 TRAINING, BUDGET, TRANSPORT, LIMITS = "training", "budget", "transport", "limits"
 #: How workers compute (not simulated by gemq simulate).
 COMPUTE = "compute"
+#: The value of a setting that gemq chooses from the model, the workers and the Redis when
+#: the run is created (gemq/running/sizing.py); the value a user leaves such a setting at.
+AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -49,9 +52,13 @@ class Setting:
     high_open: bool = False
     choices: tuple[str, ...] | None = None
     max_length: int | None = None
+    #: gemq chooses the value when the run is created unless the user gives one (AUTO).
+    auto: bool = False
 
     def check(self, value: Any) -> None:
         """Raise ConfigError naming the setting unless ``value`` is allowed."""
+        if self.auto and value == AUTO:
+            return
         if self.choices is not None and value not in self.choices:
             raise ConfigError(self.name, f"must be one of {', '.join(self.choices)}; "
                                          f"got {value!r}")
@@ -79,8 +86,9 @@ class Setting:
     def as_dict(self) -> dict[str, Any]:
         """The JSON description the dashboard builds its form from."""
         kind = {int: "integer", float: "number", str: "string"}[self.kind]
+        choices = [*([AUTO] if self.auto else []), *self.choices] if self.choices else None
         return {"name": self.name, "type": kind, "default": self.default, "help": self.help,
-                "group": self.group, "choices": list(self.choices) if self.choices else None,
+                "group": self.group, "choices": choices, "auto": self.auto,
                 "minimum": self.low, "maximum": self.high,
                 "exclusive_minimum": self.low_open, "exclusive_maximum": self.high_open,
                 "max_length": self.max_length}
@@ -141,17 +149,23 @@ class RunConfig:
     #: max_staleness (gemq/aggregation/snapshots.py: kept_versions).
     snapshot_budget_mb: int = _setting(64, "megabytes of parameter snapshots kept per "
                                        "shard, in Redis and in its aggregator: gradients "
-                                       "older than the snapshots kept are rejected",
-                                       group=LIMITS, low=1, high=10**6)
+                                       "older than the snapshots kept are rejected; auto: "
+                                       "64, or more to keep every gradient in flight",
+                                       group=LIMITS, low=1, high=10**6, auto=True)
     #: At most this many snapshots as well (0: no count beyond the budget's).
     history: int = _setting(0, "snapshots kept at most", user=False, low=0, high=10**6)
     #: Workers wait while the gradient stream holds more entries than this.
     max_pending: int = _setting(64, "workers wait while the stream holds more gradients "
-                                "than this", group=TRANSPORT, low=1, high=10**6)
+                                "than this; auto: as many as 64 MB of snapshots cover "
+                                "beside the workers, 4 to 64 (fewer where the Redis' "
+                                "memory needs it)", group=TRANSPORT, low=1,
+                                high=10**6, auto=True)
     #: The parameters are split into this many shards, each with its own aggregator.
     shards: int = _setting(1, "split the parameters into this many shards, each with its "
                            "own gradient stream and aggregator (on one Redis or a Redis "
-                           "Cluster)", group=TRANSPORT, low=1, high=256)
+                           "Cluster); auto: the fewest that hold the model (one per "
+                           "master of --local-cluster)", group=TRANSPORT, low=1, high=256,
+                           auto=True)
     #: Aggregator reads at most this many gradients per batch.
     read_batch: int = _setting(32, "gradients per read", user=False, low=1, high=4096)
     #: A worker silent this long (seconds) loses its GEM state.
@@ -160,13 +174,15 @@ class RunConfig:
     #: Encoded gradient messages larger than this are refused; 0 means "payload + 64 KiB".
     max_message_bytes: int = _setting(0, "bytes", user=False, low=0, high=2**31)
     wire_dtype: str = _setting("float32", "gradient payloads: float32, or half the bytes as "
-                               "bfloat16 (cheap to convert) or float16", group=TRANSPORT,
-                               choices=WIRE_DTYPES)
+                               "bfloat16 (cheap to convert) or float16; auto: bfloat16 from "
+                               "32 MB of parameters, float32 below", group=TRANSPORT,
+                               choices=WIRE_DTYPES, auto=True)
     #: Publication policy: the aggregator publishes new parameters (and commits) once at
     #: least this many updates were applied since the last publication...
     publish_every: int = _setting(1, "publish parameters once this many updates were "
-                                  "applied since the last publication", group=TRANSPORT,
-                                  low=1, high=4096)
+                                  "applied since the last publication; auto: 2 from 32 MB "
+                                  "of parameters, 1 below", group=TRANSPORT, low=1,
+                                  high=4096, auto=True)
     #: ...and at least this many milliseconds have passed since it (0: no wait).
     publish_interval_ms: int = _setting(0, "...and this many ms have passed since it "
                                         "(0: no wait)", group=TRANSPORT, low=0, high=60_000)
@@ -225,10 +241,12 @@ def _settings_of_fields() -> tuple[tuple[Setting, ...], tuple[Setting, ...]]:
             continue
         help_text, user, limits = f.metadata[_META]
         kind = {"int": int, "float": float, "str": str}[str(f.type)]
-        setting = Setting(f.name, kind, f.default, help_text, **limits)
-        every.append(setting)
+        # A RunConfig holds the values chosen: only what users give may be AUTO.
+        every.append(Setting(f.name, kind, f.default, help_text, **{**limits, "auto": False}))
         if user:
-            offered.append(setting)
+            auto = limits.get("auto", False)
+            offered.append(Setting(f.name, kind, AUTO if auto else f.default, help_text,
+                                   **limits))
     return tuple(every), tuple(offered)
 
 
@@ -295,9 +313,13 @@ def make_config(settings: Mapping[str, Any], *, train_samples: int) -> RunConfig
 
     ``settings``: RunConfig fields and the budget as ``epochs`` or ``steps`` (not both;
     neither: DEFAULT_EPOCHS); a value of None means the default; no ``run_id``: a new one.
+    A setting left to gemq (``left_to_gemq``) takes RunConfig's default here, which
+    gemq.running.sizing replaces once the model and the Redis are known.
     ``train_samples`` (the training set's size) turns epochs into updates.
     """
-    given = {name: value for name, value in settings.items() if value is not None}
+    left = set(left_to_gemq(settings))  # RunConfig's defaults until the run is sized
+    given = {name: value for name, value in settings.items()
+             if value is not None and name not in left}
     budget = {s.name: coerce(s, given.pop(s.name)) for s in BUDGET_SETTINGS
               if s.name in given}
     for setting in BUDGET_SETTINGS:
@@ -312,6 +334,18 @@ def make_config(settings: Mapping[str, Any], *, train_samples: int) -> RunConfig
     steps = budget.get("steps") or budget_updates(budget.get("epochs", DEFAULT_EPOCHS),
                                                   train_samples, config.batch_size)
     return config.replace(budget_updates=steps)
+
+
+#: The workers a run is sized for where they are not known when it is created (gemq create,
+#: the API: workers join later), as gemq run starts by default.
+PLANNED_WORKERS = 4
+#: The settings gemq may choose when a run is created (gemq/running/sizing.py).
+AUTO_SETTINGS = tuple(s.name for s in USER_SETTINGS if s.auto)
+
+
+def left_to_gemq(settings: Mapping[str, Any]) -> tuple[str, ...]:
+    """The AUTO_SETTINGS that ``settings`` leaves to gemq: not given, None or AUTO."""
+    return tuple(name for name in AUTO_SETTINGS if settings.get(name, AUTO) in (None, AUTO))
 
 
 def validate_settings(settings: Mapping[str, Any]) -> None:

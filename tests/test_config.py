@@ -323,12 +323,16 @@ def test_make_config_takes_none_as_the_default_and_names_new_runs() -> None:
 
 
 def test_the_table_describes_every_user_setting_as_runconfig_checks_it() -> None:
-    """Each offered setting's default is RunConfig's, and its bounds are the ones
-    RunConfig enforces: the lowest and highest allowed values pass, one step beyond fails."""
-    from gemq.config import BUDGET, USER_SETTINGS
+    """Each offered setting's default is RunConfig's (or auto, for the settings gemq sizes),
+    and its bounds are the ones RunConfig enforces: the lowest and highest allowed values
+    pass, one step beyond fails."""
+    from gemq.config import AUTO, AUTO_SETTINGS, BUDGET, USER_SETTINGS
 
+    assert set(AUTO_SETTINGS) == {"shards", "max_pending", "snapshot_budget_mb", "wire_dtype",
+                                  "publish_every"}
     for setting in (s for s in USER_SETTINGS if s.group != BUDGET):
-        assert setting.default == RunConfig.__dataclass_fields__[setting.name].default
+        expected = AUTO if setting.auto else RunConfig.__dataclass_fields__[setting.name].default
+        assert setting.default == expected
         if setting.low is None or setting.high is None:
             continue
         step = 1 if setting.kind is int else 1e-9 * max(1.0, abs(setting.high))

@@ -3,16 +3,18 @@ comfort: the 784-3000-3000-10 MLP (11.4 M parameters, benchmarks/big_models.py),
 through ``gemq run`` exactly as a user types it, against one core's plain training loop of
 the same model and batch size.
 
-The runs, all with the README's advice for big models (``advised``: ``--max-pending 4``, a
-snapshot budget for 7 versions, bfloat16 gradients on the wire and new parameters every
-second update): ``--shards 1``; ``--shards 2`` (two aggregators, one private Redis);
+The runs: ``auto``, no flag at all (what gemq chooses for the model and the machine:
+gemq/running/sizing.py); then with the settings worked out by hand (``advised``:
+``--max-pending 4``, a snapshot budget for 7 versions, bfloat16 gradients on the wire and
+new parameters every second update): ``--shards 1``; ``--shards 2`` (two aggregators, one private Redis);
 ``--shards 2 --local-cluster 2`` (two aggregators, a private Redis Cluster of two masters;
 the run id is chosen so that the two shards fall on different masters); the same with an
 empty ``MALLOC_CONF`` in its environment, which its Redis servers inherit (their allocator
 then hands every freed value back to the kernel, as before gemq's private Redis kept freed
 pages: sharded.RELEASE_PAGES); ``--shards 1`` with float32 gradients and new parameters
-after every update (the advice before the last two settings); and ``--shards 1`` with the
-defaults, to show what they cost.
+after every update (the advice before the last two settings); and the values gemq uses
+for small models (64 in flight, 64 MB of snapshots, float32, every update), to show what
+they cost a big one.
 
 The rate of a run is taken from its own curves (``metrics.csv``: a row per commit of
 shard 0, with its wall time and updates) between 20% of its updates and its last row, so
@@ -68,12 +70,17 @@ def advised(shards: int, fewer_bytes: bool = True) -> list[str]:
             "--snapshot-budget-mb", str(budget), *(FEWER_BYTES if fewer_bytes else [])]
 
 
+#: The values gemq used for every model before it sized runs itself (and still chooses for
+#: small ones): to show what they cost a big model.
+SMALL_MODEL_VALUES = ["--shards", "1", "--max-pending", "64", "--snapshot-budget-mb", "64",
+                      "--wire-dtype", "float32", "--publish-every", "1"]
 #: name -> the flags that make the run
-RUNS = {"s1": advised(1), "s2": advised(2),
+RUNS = {"auto": [],  # no flag: what gemq chooses (gemq/running/sizing.py)
+        "s1": advised(1), "s2": advised(2),
         "s2_local_cluster": [*advised(2), "--local-cluster", "2"],
         "s2_local_cluster_release_pages": [*advised(2), "--local-cluster", "2"],
         "s1_float32": advised(1, fewer_bytes=False),
-        "s1_defaults": ["--shards", "1"]}
+        "s1_small_model_values": SMALL_MODEL_VALUES}
 #: name -> environment variables of the run (its private Redis servers inherit them)
 ENVIRONMENT = {"s2_local_cluster_release_pages": {"MALLOC_CONF": RELEASE_PAGES}}
 #: The share of a run's updates left out of its rate: the start, while the workers still load.
@@ -83,7 +90,7 @@ SKIP = 0.2
 def run(budget: Budget) -> dict[str, Any]:
     steps = budget.pick(120, 12)
     plain_s = budget.seconds(5.0, 1.0)
-    names = budget.pick(list(RUNS), ["s1"])
+    names = budget.pick(list(RUNS), ["auto"])
     plain = [one_core_rate(plain_s, BATCH, 1, MODEL, LOSS)]
     runs: dict[str, dict[str, Any]] = {}
     for name in names:

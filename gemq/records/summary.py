@@ -61,6 +61,14 @@ class RunSummary:
     #: Why a finished run's result is poor (gemq/records/verdict.py), one sentence each;
     #: empty for a good one, and for a run that did not finish.
     problems: tuple[str, ...] = ()
+    #: The settings gemq chose for the model, workers and Redis (their values are in
+    #: ``config``: gemq/running/sizing.py), and the most the run could make its Redis hold,
+    #: in MB (None for a resumed run: sized when it was created).
+    chosen_by_gemq: tuple[str, ...] = ()
+    redis_bound_mb: float | None = None
+    #: The Redis server's peak memory (``used_memory_peak``, summed over a cluster's
+    #: masters), in MB: of this run alone on a private Redis.
+    redis_peak_mb: float | None = None
 
     @property
     def metrics_path(self) -> Path:
@@ -71,7 +79,7 @@ class RunSummary:
         """The JSON-ready fields: paths as strings, the config as a dict."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out.update(rejected=dict(self.rejected), config=dataclasses.asdict(self.config),
-                   problems=list(self.problems),
+                   problems=list(self.problems), chosen_by_gemq=list(self.chosen_by_gemq),
                    shards=[dict(shard) for shard in self.shards],
                    model_path=str(self.model_path), summary_path=str(self.summary_path))
         return out
@@ -82,6 +90,7 @@ class RunSummary:
         return cls(**{**data, "config": RunConfig.from_dict(data["config"]),
                       "shards": tuple(data["shards"]),
                       "problems": tuple(data.get("problems", ())),
+                      "chosen_by_gemq": tuple(data.get("chosen_by_gemq", ())),
                       "model_path": Path(data["model_path"]),
                       "summary_path": Path(data["summary_path"])})
 

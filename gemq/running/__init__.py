@@ -4,6 +4,7 @@
 |---|---|
 | ``local`` | ``train()``, what ``gemq run`` calls: Redis, an aggregator, n worker processes |
 | ``runs`` | creating runs: the initial state and layout, written to Redis |
+| ``sizing`` | the settings left at auto, chosen for the model, the workers and the Redis |
 | ``resume`` | ``gemq run --resume``: an interrupted run goes on with its whole state |
 | ``savedstate`` | a local run's private Redis kept in its folder, and its state file |
 | ``modelfile`` | a local run's model file: the newest published state as a state_dict |
@@ -13,7 +14,7 @@
 | ``cluster`` | a private Redis Cluster, for tests and ``gemq run --local-cluster`` |
 
 The dependencies point one way: resume -> local -> runs, modelfile, dashboard,
-savedstate, cluster -> embedded; localservices -> embedded;
+savedstate, cluster -> embedded; runs -> sizing; localservices -> embedded;
 and down to every other wing but the simulator (aggregation, training, records, state,
 wire, base).
 """

@@ -13,7 +13,7 @@ import multiprocessing as mp
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -29,6 +29,7 @@ from gemq.config import (
     BUDGET,
     USER_SETTINGS,
     RunConfig,
+    left_to_gemq,
     make_config,
     short_budget_note,
     validate_settings,
@@ -46,8 +47,9 @@ from gemq.records.verdict import poor_result
 from gemq.running.cluster import EmbeddedCluster
 from gemq.running.dashboard import local_dashboard
 from gemq.running.modelfile import MODEL_FILE, ModelFile
-from gemq.running.runs import create_run
+from gemq.running.runs import create_sized, initial_state
 from gemq.running.savedstate import SavedState, state_file
+from gemq.running.sizing import Room, Sizing
 from gemq.state.connection import (
     COMMAND_WAIT_S,
     TRANSIENT_ERRORS,
@@ -58,7 +60,7 @@ from gemq.state.connection import (
     wait_until_ready,
 )
 from gemq.state.retention import release_if_ended
-from gemq.state.serverfit import BULK_LEN_SLACK, largest_value
+from gemq.state.serverfit import BULK_LEN_SLACK, largest_value, memory_figures
 from gemq.state.store import ENDED, RunState, RunStore, now_ms
 from gemq.training.data import DataSplit, load_dataset
 from gemq.training.evaluate import evaluate, majority_share
@@ -147,7 +149,8 @@ def train(model: ModelSpec = DEFAULT_MODEL, dataset: DatasetSpec = DEFAULT_DATAS
         refuse_to_overwrite(output_dir(options, run_id))
     data = load_dataset(settings["dataset"])
     config = make_config(settings, train_samples=len(data.train))  # type: ignore[arg-type]
-    return run_local(config, options, data, Path(init_from) if init_from else None)
+    return run_local(config, options, data, Path(init_from) if init_from else None,
+                     left_to_gemq(settings))
 
 
 def _spec(value: ModelSpec | DatasetSpec) -> str:
@@ -199,9 +202,11 @@ def check_options(options: LocalOptions) -> None:
 
 
 def run_local(config: RunConfig, options: LocalOptions, data: DataSplit | None = None,
-              init_from: Path | None = None) -> RunSummary:
+              init_from: Path | None = None, left_to_gemq: Collection[str] = ()
+              ) -> RunSummary:
     """Run ``config`` to its end on this machine (``data``: its dataset, if loaded;
-    ``init_from``: a state_dict file to start from)."""
+    ``init_from``: a state_dict file to start from; ``left_to_gemq``: the settings gemq
+    chooses for the model, the workers and the Redis, gemq.running.sizing)."""
     check_options(options)
     out = output_dir(options, config.run_id)
     refuse_to_overwrite(out)
@@ -209,20 +214,26 @@ def run_local(config: RunConfig, options: LocalOptions, data: DataSplit | None =
     # SIGTERM and SIGHUP unwind like Ctrl-C: children stopped, the private Redis with them.
     with raise_on_termination(), local_redis(options, out) as (url, state), \
             connected(url) as client:
-        store = create_run(client, config, data, init_from,
-                           check_redis=options.redis_url is not None)
+        # A private Redis shares this machine; a Redis the user brings says its own room.
+        room = (None if options.redis_url
+                else Room.of_this_machine(masters=options.local_cluster or 1))
+        store, sizing = create_sized(client, config, *initial_state(config, data, init_from),
+                                     left_to_gemq=left_to_gemq, workers=options.workers,
+                                     room=room)
+        if sizing.differs_from_defaults():
+            print(f"run {config.run_id}: {sizing.describe()}", file=sys.stderr, flush=True)
         if options.redis_url is None:
-            refuse_oversized_values(client, store, config)
-        return train_run(url, state, client, store, options, data, out)
+            refuse_oversized_values(client, store, sizing.config)
+        return train_run(url, state, client, store, options, data, out, sizing=sizing)
 
 
 def train_run(url: str, state: SavedState | None, client: redis.Redis, store: RunStore,
               options: LocalOptions, data: DataSplit, out: Path,
-              resumed: bool = False) -> RunSummary:
+              resumed: bool = False, sizing: Sizing | None = None) -> RunSummary:
     """Train ``store``'s run (new, or ``resumed``) to its end with this machine's processes,
     writing its results to ``out`` (or, if the disk refuses them there, to the folder a
     warning names: gemq.records.runfolder); ``state``: the private Redis' saved state, if
-    any."""
+    any; ``sizing``: how a new run's settings were chosen."""
     config = store.config()
     model = build_model(config.model, data.in_features, data.num_classes)
     started, started_ms = time.monotonic(), now_ms()
@@ -254,6 +265,11 @@ def train_run(url: str, state: SavedState | None, client: redis.Redis, store: Ru
         summary["redis"] = (redact(options.redis_url) if options.redis_url
                             else f"embedded cluster of {options.local_cluster} masters"
                             if options.local_cluster else "embedded")
+        summary["redis_peak_mb"] = round(sum(memory_figures(client, "used_memory_peak"))
+                                         / 2**20, 1)
+        if sizing is not None:
+            summary["chosen_by_gemq"] = sizing.chosen
+            summary["redis_bound_mb"] = round(sizing.redis_bytes / 2**20, 1)
         model_file.save()
         _write_config_file(folder, config, options)  # again if the folder was removed
         summary["wall_time_s"] = round(time.monotonic() - started, 3)

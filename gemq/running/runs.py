@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -9,11 +10,12 @@ import redis
 import torch
 from torch import nn
 
-from gemq.config import RunConfig
+from gemq.config import PLANNED_WORKERS, RunConfig
 from gemq.errors import SpecError
 from gemq.layout import ParamLayout
+from gemq.running.sizing import Room, Sizing, size_run
 from gemq.shards import ShardPlan
-from gemq.state.serverfit import check_server
+from gemq.state.serverfit import read_server, refuse_eviction, warn_about_value_limit
 from gemq.state.store import RunStore
 from gemq.training.data import DataSplit, load_dataset
 from gemq.training.flatmodel import flat_state
@@ -22,16 +24,34 @@ from gemq.training.models import build_model, layout_of
 
 
 def create_run(client: redis.Redis, config: RunConfig, data: DataSplit | None = None,
-               init_from: Path | None = None, check_redis: bool = True) -> RunStore:
-    """Write a new run to Redis, with the initial state of ``initial_state``. Raises
-    RunExists if the id is taken, and UnsuitableRedis for a Redis that could evict the
-    run's keys (``check_redis``: gemq.state.serverfit; not for a Redis gemq set up)."""
-    layout, state = initial_state(config, data, init_from)
-    if check_redis:
-        check_server(client, config, ShardPlan.of(layout, config.shards))
-    store = RunStore(client, config.run_id)
-    store.create(config, layout, state)
-    return store
+               init_from: Path | None = None, *, left_to_gemq: Collection[str] = (),
+               workers: int = PLANNED_WORKERS, room: Room | None = None) -> RunStore:
+    """Write a new run to Redis, with the initial state of ``initial_state`` and the
+    settings ``left_to_gemq`` chosen for it (gemq.running.sizing) for ``workers`` workers.
+    ``room``: where the run goes on a Redis gemq set up; None for a Redis the user brings,
+    which is read and checked (gemq.state.serverfit) first. Raises RunExists if the id is
+    taken, UnsuitableRedis or RunTooBig for a Redis that cannot hold the run."""
+    return create_sized(client, config, *initial_state(config, data, init_from),
+                        left_to_gemq=left_to_gemq, workers=workers, room=room)[0]
+
+
+def create_sized(client: redis.Redis, config: RunConfig, layout: ParamLayout,
+                 state: np.ndarray, *, left_to_gemq: Collection[str] = (),
+                 workers: int = PLANNED_WORKERS, room: Room | None = None
+                 ) -> tuple[RunStore, Sizing]:
+    """``create_run`` for a model already laid out; with the Sizing that chose its
+    settings."""
+    facts = None
+    if room is None:
+        facts = read_server(client)
+        refuse_eviction(facts)
+        room = Room.of_server(facts)
+    sizing = size_run(config, left_to_gemq, layout, workers, room)
+    if facts is not None:
+        warn_about_value_limit(facts, sizing.config, ShardPlan.of(layout, sizing.config.shards))
+    store = RunStore(client, sizing.config.run_id)
+    store.create(sizing.config, layout, state)
+    return store, sizing
 
 
 def initial_state(config: RunConfig, data: DataSplit | None = None,

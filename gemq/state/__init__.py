@@ -4,7 +4,7 @@
 |---|---|
 | ``connection`` | opening Redis connections: bounded, logged retries; the zero-copy packer |
 | ``deadline`` | a reply that trickles in is cut off like one that never comes |
-| ``serverfit`` | whether a Redis a user brings suits a run (eviction, value size) |
+| ``serverfit`` | whether a Redis a user brings suits a run (eviction, value size, memory) |
 | ``bulkreads`` | large replies read straight into their own buffer |
 | ``redispy`` | whether redis-py has the internals the fast paths use; if not, its own ways |
 | ``keys`` | every key and stream name, and the fields of a gradient stream entry |

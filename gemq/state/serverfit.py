@@ -9,6 +9,8 @@
   lets any sender make the aggregator hold that many oversized entries (measured: twenty
   50 MB entries took it from 228 to 1,368 MB). Such a server is used, with a warning that
   names the setting.
+- **Memory.** ``maxmemory`` and the memory used are what gemq.running.sizing fits a run
+  into.
 - A server that refuses ``CONFIG GET`` (a managed Redis, an ACL user) cannot be checked,
   which a warning says.
 
@@ -18,6 +20,7 @@ gemq's private Redis (``gemq run`` without a URL) is set up by gemq and not chec
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -51,25 +54,56 @@ def largest_value(config: RunConfig, plan: ShardPlan) -> int:
     return max(4 * size, expected.byte_limit)
 
 
-def check_server(client: redis.Redis, config: RunConfig, plan: ShardPlan) -> None:
-    """Refuse a server that may evict gemq's keys (UnsuitableRedis); warn about one that
-    takes values far larger than the run's, or whose settings cannot be read."""
+@dataclass(frozen=True)
+class ServerFacts:
+    """What a Redis a user brings says of itself; over a cluster's masters, the figures that
+    bind a run: any evicting policy, the largest and smallest value limits, the smallest
+    maxmemory (0: none) and the most memory used."""
+
+    policies: frozenset[str]
+    largest_value_limit: int
+    value_limit: int
+    maxmemory: int
+    used_memory: int
+    masters: int = 1
+
+
+def read_server(client: redis.Redis) -> ServerFacts | None:
+    """The server's facts; None, with a warning, where it refuses ``CONFIG GET`` (a managed
+    Redis, an ACL user): gemq then cannot check it."""
     try:
-        settings = _settings(client, ("maxmemory-policy", "proto-max-bulk-len"))
+        settings = _settings(client, ("maxmemory-policy", "proto-max-bulk-len", "maxmemory"))
     except redis.ResponseError as e:
         log.warning("cannot read the Redis' settings (CONFIG GET: %s): gemq cannot check "
-                    "that its maxmemory-policy is noeviction, which it must be", e)
-        return
-    evicting = sorted({s["maxmemory-policy"] for s in settings} - {"noeviction"})
+                    "that its maxmemory-policy is noeviction, which it must be, nor size the "
+                    "run to its maxmemory", e)
+        return None
+    limits = [int(s["proto-max-bulk-len"]) for s in settings]
+    maxmemory = [int(s["maxmemory"]) for s in settings if int(s["maxmemory"])]
+    return ServerFacts(policies=frozenset(s["maxmemory-policy"] for s in settings),
+                       largest_value_limit=max(limits), value_limit=min(limits),
+                       maxmemory=min(maxmemory, default=0),
+                       used_memory=max(memory_figures(client, "used_memory")),
+                       masters=len(settings))
+
+
+def refuse_eviction(facts: ServerFacts | None) -> None:
+    """Refuse a server that may evict gemq's keys (UnsuitableRedis). ``facts``:
+    ``read_server``'s (None: not known, nothing to refuse)."""
+    evicting = sorted(facts.policies - {"noeviction"}) if facts else []
     if evicting:
         raise UnsuitableRedis(
             f"the Redis evicts keys when full (maxmemory-policy {', '.join(evicting)}), and "
             "a run loses its state when gemq's keys are evicted: set it to noeviction "
             "(CONFIG SET maxmemory-policy noeviction, or `maxmemory-policy noeviction` in "
             "redis.conf)")
+
+
+def warn_about_value_limit(facts: ServerFacts, config: RunConfig, plan: ShardPlan) -> None:
+    """Warn about a server that takes values far larger than the run's largest."""
     largest = largest_value(config, plan)
     bound = max(SAFE_BULK_LEN, largest + BULK_LEN_SLACK)
-    allowed = max(int(s["proto-max-bulk-len"]) for s in settings)
+    allowed = facts.largest_value_limit
     if allowed > bound:
         log.warning("the Redis takes values of up to %d MB (proto-max-bulk-len), and this "
                     "run's largest is %.1f MB: any sender can then make an aggregator hold "
@@ -77,6 +111,18 @@ def check_server(client: redis.Redis, config: RunConfig, plan: ShardPlan) -> Non
                     "k8s/base/config/redis.conf does), or %dmb for runs of this size",
                     allowed // MB, largest / MB, SAFE_BULK_LEN // MB,
                     -(-(largest + BULK_LEN_SLACK) // MB))
+
+
+def memory_figures(client: redis.Redis, name: str) -> list[int]:
+    """``INFO memory``'s ``name`` (used_memory, used_memory_peak) of the server, or of each
+    master of a cluster."""
+    kwargs: dict[str, Any] = {}
+    if is_cluster(client):
+        kwargs["target_nodes"] = redis.RedisCluster.PRIMARIES
+    reply: dict[Any, Any] = client.info("memory", **kwargs)
+    if name in reply:
+        return [int(reply[name])]
+    return [int(node[name]) for node in reply.values()]
 
 
 def _settings(client: redis.Redis, names: tuple[str, ...]) -> list[dict[str, str]]:

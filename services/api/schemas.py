@@ -6,11 +6,11 @@ choices and descriptions are those of ``RunConfig`` and of the ``gemq`` flags.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from gemq.config import USER_SETTINGS, Setting
+from gemq.config import AUTO, PLANNED_WORKERS, USER_SETTINGS, Setting
 from gemq.ids import RUN_ID_PATTERN
 
 
@@ -22,6 +22,9 @@ class _RunRequestBase(BaseModel):
     run_id: str | None = Field(None, pattern=f"^{RUN_ID_PATTERN.pattern}$",
                                description="default: run-<date>-<time>-<random>")
     start: bool = Field(True, description="enqueue the aggregation at once")
+    workers: int = Field(PLANNED_WORKERS, ge=1, le=100_000, strict=True,
+                         description="workers you plan to run: what the settings left at "
+                                     "auto are sized for")
 
     @model_validator(mode="after")
     def _one_budget(self) -> _RunRequestBase:
@@ -31,7 +34,7 @@ class _RunRequestBase(BaseModel):
 
     def settings(self) -> dict[str, Any]:
         """The run settings of this request (gemq.config.make_config's input)."""
-        return self.model_dump(exclude={"start"})
+        return self.model_dump(exclude={"start", "workers"})
 
 
 def _field(setting: Setting) -> tuple[Any, Any]:
@@ -50,6 +53,11 @@ def _field(setting: Setting) -> tuple[Any, Any]:
         if setting.kind is float:
             bounds.update(allow_inf_nan=False)
     kind: Any = Literal[setting.choices] if setting.choices else setting.kind
+    if setting.auto:  # a value, or "auto": gemq chooses it when the run is created
+        if setting.choices:
+            return Literal[(AUTO, *setting.choices)], Field(AUTO, description=setting.help)
+        return (Annotated[kind, Field(**bounds)] | Literal[AUTO],
+                Field(AUTO, description=setting.help))
     if setting.default is None:
         kind = kind | None
     return kind, Field(setting.default, description=setting.help, **bounds)

@@ -63,7 +63,8 @@ function inputFor(s, id) {
 export function settingField(s, suggestions = null) {
   const id = `f-${s.name}`;
   const input = inputFor(s, id);
-  if (s.default !== null) input.value = String(s.default);
+  if (s.auto && input.type === "number") input.placeholder = "auto"; // empty: gemq chooses
+  else if (s.default !== null) input.value = String(s.default);
   input.title = describe(s);
   const field = create("div", { class: "field" });
   field.append(create("label", { for: id }, s.name), input);
@@ -88,7 +89,7 @@ export function readValue(s, input) {
   const text = input.value.trim();
   const invalid = (why) => new InvalidSetting(input, `${s.name}: ${why}`);
   if (!text) {
-    if (s.default === null) return null;
+    if (s.default === null || s.auto) return null; // null: the API's default applies
     throw invalid(s.type === "string" ? "must not be empty" : "enter a number");
   }
   if (s.type === "string") {

@@ -12,10 +12,11 @@ from fastapi import APIRouter, HTTPException, Query
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
-from gemq.config import make_config
+from gemq.config import left_to_gemq, make_config
 from gemq.errors import ConfigError, RunBusy, RunExists, RunNotFound, SpecError
 from gemq.records import combine
 from gemq.running.runs import create_run
+from gemq.running.sizing import RunTooBig
 from gemq.state.retention import delete_run
 from gemq.state.serverfit import UnsuitableRedis
 from gemq.state.store import ENDED, RunStore, run_count
@@ -63,7 +64,8 @@ def _create(client: Any, request: RunRequest, allow_imports: bool) -> RunStore:
     try:
         samples = len(data.train)  # type: ignore[arg-type]
         config = make_config(settings, train_samples=samples)
-        return create_run(client, config, data)
+        return create_run(client, config, data, left_to_gemq=left_to_gemq(settings),
+                          workers=request.workers)
     except ConfigError as e:
         raise _unprocessable(e.field, str(e)) from e
     except SpecError as e:
@@ -72,6 +74,8 @@ def _create(client: Any, request: RunRequest, allow_imports: bool) -> RunStore:
         raise HTTPException(409, str(e)) from e
     except UnsuitableRedis as e:
         raise HTTPException(503, str(e)) from e
+    except RunTooBig as e:
+        raise HTTPException(507, str(e)) from e
 
 
 def _unprocessable(field: str, message: str) -> HTTPException:
@@ -100,7 +104,9 @@ def list_runs(client: RedisClient, queue: QueueClient,
                         409: {"description": "a run with this id exists"},
                         422: {"description": "invalid configuration"},
                         503: {"description": "the service's Redis could evict the run's "
-                                             "keys (its maxmemory-policy), or is down"}})
+                                             "keys (its maxmemory-policy), or is down"},
+                        507: {"description": "the run needs more memory than the "
+                                             "service's Redis has free (its maxmemory)"}})
 async def create(request: RunRequest, client: RedisClient, queue: QueueClient,
                  settings: Settings) -> dict[str, Any]:
     """Create a run from a configuration and, unless start is false, start it."""
