@@ -20,6 +20,7 @@ import pytest
 import redis
 from playwright.sync_api import ConsoleMessage, Dialog, Page, sync_playwright
 
+from gemq.config import RunConfig
 from gemq.running.embedded import EmbeddedRedis, free_port
 from tests.helpers import GemqProcess, session, small_run, wait_for
 
@@ -265,7 +266,10 @@ def test_start_form_is_built_from_the_api_settings(api_url: str) -> None:
     changed = {"algo": "dcasgd", "lr": 0.02, "model": "logreg", "dataset": "digits"}
     for setting in settings:
         if setting["group"] != "budget":  # the rest are the API's defaults: none was posted
-            assert config[setting["name"]] == changed.get(setting["name"], setting["default"])
+            # auto: chosen for the model, and a small one keeps the values it always had
+            default = (getattr(RunConfig(run_id="r"), setting["name"]) if setting["auto"]
+                       else setting["default"])
+            assert config[setting["name"]] == changed.get(setting["name"], default)
     assert config["budget_updates"] == 20
 
 
@@ -284,7 +288,10 @@ def _check_form_offers(page: Page, settings: list[dict[str, Any]]) -> None:
             continue
         selector = f"#f-{setting['name']}"
         value = page.input_value(selector)
-        assert (value if setting["type"] == "string" else float(value)) == setting["default"]
+        if setting["auto"] and setting["type"] != "string":  # empty: the service chooses
+            assert (value, page.get_attribute(selector, "placeholder")) == ("", "auto")
+        else:
+            assert (value if setting["type"] == "string" else float(value)) == setting["default"]
         assert (page.get_attribute(selector, "title") or "").startswith(setting["help"])
         if setting["choices"]:
             assert page.locator(f"{selector} option").evaluate_all(
@@ -296,6 +303,7 @@ def _check_form_offers(page: Page, settings: list[dict[str, Any]]) -> None:
     assert (lr["default"], lr["minimum"], lr["maximum"], lr["exclusive_minimum"]) == (
         0.05, 0, 10, True)
     assert page.input_value("#f-lr") == "0.05"
+    assert page.input_value("#f-wire_dtype") == "auto" and by_name["shards"]["default"] == "auto"
     assert [page.get_attribute("#f-lr", a) for a in ("min", "max", "step")] == ["0", "10", "any"]
     # Transport settings fold away; the form stays compact.
     assert page.is_hidden("#f-max_pending")

@@ -8,9 +8,9 @@ shard's leader (the aggregator's own Leader and Leadership, driven as tests/test
 lockstep drives them) applies and commits its slice, and every shard's new parameters are
 read back. The test process's peak RSS and Redis' peak memory are printed and bounded.
 
-Then the same model end to end, as a user runs it: ``gemq run`` with a worker computing
-real gradients and an aggregator process per shard, a few dozen updates, Redis' peak memory
-bounded from the run's settings.
+Then the same model end to end, as a user runs it: ``gemq run`` with no shard or budget
+flag, a worker computing real gradients and an aggregator process per shard, a few dozen
+updates, Redis' peak memory within the bound gemq printed when it sized the run.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 import json
 import math
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -163,48 +164,41 @@ def test_one_shard_for_such_a_model_is_refused_naming_the_shards_it_needs(
     assert redis_client.dbsize() == 0  # refused before anything was written
 
 
-#: The end-to-end run: the README's settings for big models, for one worker.
+#: The end-to-end run: no shard or budget flag, gemq sizes it (gemq/running/sizing.py).
 E2E_STEPS = 30
-E2E_MAX_PENDING = 2
-#: Three snapshots a shard: a gradient is at most max_pending updates stale with one worker.
-E2E_KEPT = E2E_MAX_PENDING + 1
-SHARD_MB = math.ceil(STATE_BYTES / SHARDS / MB)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_150m_parameter_model_trains_end_to_end_in_ten_shards_within_a_memory_bound(
-        redis_server: EmbeddedRedis, redis_client: redis.Redis, tmp_path: Path) -> None:
-    """``gemq run`` of the 784-12000-12000-10 MLP as a user types it: a worker computing
-    real gradients, an aggregator process per shard, GEM, a few dozen updates."""
+def test_a_150m_parameter_model_trains_end_to_end_sized_by_gemq_within_the_bound_it_printed(
+        tmp_path: Path) -> None:
+    """``gemq run`` of the 784-12000-12000-10 MLP as a user types it, with no shard or
+    budget flag: gemq chooses the shards and what is in flight for this machine's memory and
+    says the most its private Redis can hold; a worker computes real gradients, an
+    aggregator process per shard applies them (GEM), and the Redis' peak stays within what
+    was printed."""
     summary_path = tmp_path / "summary.json"
     command = [sys.executable, "-m", "gemq", "run", "--model", "benchmarks.big_models:mlp_150m",
                "--dataset", "mnist5k", "--workers", "1", "--batch-size", "16",
-               "--steps", str(E2E_STEPS), "--shards", str(SHARDS),
-               "--max-pending", str(E2E_MAX_PENDING),
-               "--snapshot-budget-mb", str(E2E_KEPT * SHARD_MB), "--lr", "0.01",
-               "--redis-url", redis_server.url, "--run", "big-e2e", "--out", str(tmp_path),
-               "--no-progress", "--json", str(summary_path),
+               "--steps", str(E2E_STEPS), "--lr", "0.01", "--run", "big-e2e",
+               "--out", str(tmp_path), "--no-progress", "--json", str(summary_path),
                "--accept-poor-result"]  # 30 updates: a memory test, not a learning one
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=880)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert f"shards {SHARDS}: the fewest that hold it" in done.stderr, done.stderr
+    printed = re.search(r"Redis memory: at most ([\d.]+) GB", done.stderr)
+    assert printed, done.stderr
     summary = json.loads(summary_path.read_text())
     assert summary["state"] == "finished"
+    assert summary["config"]["shards"] == SHARDS
     assert summary["updates_applied"] == E2E_STEPS  # the slowest shard's count
-    assert len(summary["shards"]) == SHARDS
     assert all(shard["applied"] >= E2E_STEPS for shard in summary["shards"]), summary["shards"]
     assert summary["rejected"] == {}, summary["rejected"]
     assert math.isfinite(summary["test_loss"])
     assert (tmp_path / "model.pt").stat().st_size > STATE_BYTES  # the trained state_dict
-
-    memory = redis_client.info("memory")
     print(f"\n150 M parameters end to end: {summary['updates_applied']} updates in "
-          f"{summary['wall_time_s']:.0f} s; Redis peak {memory['used_memory_peak'] / MB:.0f} "
-          f"MB (state {STATE_BYTES / MB:.0f} MB)")
-    # What Redis holds at most, in states (each value rounded up to its allocation):
-    # E2E_KEPT snapshots; the gradient slices in the streams (max_pending, and one more
-    # published by the worker as room opened) and in the aggregators' read replies; the
-    # worker's momentum checkpointed by GEM; a staged parameter vector; the worker's read of
-    # every shard's parameters (a reply's bytes); the model.pt-bound final read.
-    states = E2E_KEPT + 2 * (E2E_MAX_PENDING + 1) + 1 + 1 + 1
-    assert memory["used_memory_peak"] < states * STATE_BYTES * ALLOCATED
+          f"{summary['wall_time_s']:.0f} s, sized by gemq: max_pending "
+          f"{summary['config']['max_pending']}, snapshots "
+          f"{summary['config']['snapshot_budget_mb']} MB a shard; Redis peak "
+          f"{summary['redis_peak_mb']:.0f} MB, bound printed {printed.group(1)} GB")
+    assert summary["redis_peak_mb"] <= float(printed.group(1)) * 1024 + 52  # 0.05 GB rounding

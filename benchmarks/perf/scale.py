@@ -17,14 +17,15 @@ from typing import Any
 
 from benchmarks.perf.common import MB, Budget, Peaks, private_redis, ratio
 from benchmarks.perf.system import counter, finish, launch
-from gemq.aggregation.snapshots import kept_versions
 from gemq.config import RunConfig
-from gemq.state.store import METRICS_MAXLEN
+from gemq.layout import ParamLayout
+from gemq.running.sizing import redis_bytes
+from gemq.shards import ShardPlan
 
 NAME = "scale"
 PARAMS = 163_790  # the paper CNN
+LAYOUT = ParamLayout.from_shapes([("params", (PARAMS,))])
 GB8 = 8 * 1024**3
-METRICS_ENTRY_BYTES = 400  # one metrics row, generously (fields and stream overhead)
 
 
 def run(budget: Budget) -> dict[str, Any]:
@@ -57,19 +58,9 @@ def measure(workers: int, processes: int, updates: int, interval_s: float) -> di
 
 
 def redis_bound(config: RunConfig, workers: int) -> int:
-    """The most memory Redis should need for a run, in bytes.
-
-    The stream: max_pending entries, plus one per worker that saw room at the same moment.
-    Clients: each worker may have a gradient in Redis' query buffer and a parameter vector
-    in its reply buffer at once; the aggregator a reply of two batches (pending and new)
-    and one staged parameter vector. Snapshots: as many as the run keeps. Metrics rows.
-    """
-    params = PARAMS * 4
-    message = params + 200
-    stream = (config.max_pending + workers) * message
-    clients = workers * (message + params) + 2 * config.read_batch * message + params
-    return (stream + clients + kept_versions(config, PARAMS) * params
-            + METRICS_MAXLEN * METRICS_ENTRY_BYTES)
+    """The most memory Redis should need for the run, in bytes: gemq's own bound, which it
+    sizes runs by (gemq.running.sizing.redis_bytes)."""
+    return redis_bytes(config, ShardPlan.of(LAYOUT, config.shards), workers)
 
 
 def _early_late_means(peaks: Peaks, label: str) -> tuple[float, float]:

@@ -238,7 +238,8 @@ def train_run(url: str, state: SavedState | None, client: redis.Redis, store: Ru
     model = build_model(config.model, data.in_features, data.num_classes)
     started, started_ms = time.monotonic(), now_ms()
     folder = RunFolder(out, config.run_id, (CONFIG_FILE, *RESULT_FILES))
-    _write_config_file(folder, config, options)
+    chosen = sizing.chosen if sizing else ()
+    _write_config_file(folder, config, options, chosen)
     with local_dashboard(url, options.dashboard, out / "dashboard.log") as dashboard:
         if dashboard is not None:
             print(f"run {config.run_id}: dashboard at {dashboard.url}", file=sys.stderr,
@@ -268,10 +269,10 @@ def train_run(url: str, state: SavedState | None, client: redis.Redis, store: Ru
         summary["redis_peak_mb"] = round(sum(memory_figures(client, "used_memory_peak"))
                                          / 2**20, 1)
         if sizing is not None:
-            summary["chosen_by_gemq"] = sizing.chosen
+            summary["chosen_by_gemq"] = chosen
             summary["redis_bound_mb"] = round(sizing.redis_bytes / 2**20, 1)
         model_file.save()
-        _write_config_file(folder, config, options)  # again if the folder was removed
+        _write_config_file(folder, config, options, chosen)  # again if the folder was removed
         summary["wall_time_s"] = round(time.monotonic() - started, 3)
         result = _finish(config, options, data, model, folder, summary)
         if dashboard is not None:
@@ -472,18 +473,24 @@ def _finish(config: RunConfig, options: LocalOptions, data: DataSplit, model: nn
     return folder.write(SUMMARY_FILE, write)
 
 
-def _write_config_file(folder: RunFolder, config: RunConfig, options: LocalOptions) -> None:
+def _write_config_file(folder: RunFolder, config: RunConfig, options: LocalOptions,
+                       chosen: tuple[str, ...]) -> None:
     """The run's settings as ``--config`` takes them back, unless the folder holds them
-    (a resumed run's): its training settings, its budget in updates and its workers (not
-    its id, nor where it ran)."""
+    (a resumed run's): its training settings (those gemq ``chosen`` as chosen), its budget
+    in updates and its workers (not its id, nor where it ran)."""
     if not folder.file(CONFIG_FILE).exists():
-        folder.write(CONFIG_FILE, lambda path: _config_file(path, config, options))
+        folder.write(CONFIG_FILE, lambda path: _config_file(path, config, options, chosen))
 
 
-def _config_file(path: Path, config: RunConfig, options: LocalOptions) -> None:
+def _config_file(path: Path, config: RunConfig, options: LocalOptions,
+                 chosen: tuple[str, ...]) -> None:
     settings = {s.name: getattr(config, s.name) for s in USER_SETTINGS
                 if s.group != BUDGET}
+    header = (f"gemq run {config.run_id}: run it again with\n"
+              f"  gemq run --config {path}\n(flags given beside it win)")
+    if chosen:
+        names = ", ".join(name.replace("_", "-") for name in chosen)
+        header += (f"\n{names}: chosen by gemq for this model, its workers and its Redis "
+                   "(\"auto\" chooses again)")
     write_config_file(path, {**settings, "steps": config.budget_updates,
-                             "workers": options.workers, "device": options.device},
-                      f"gemq run {config.run_id}: run it again with\n"
-                      f"  gemq run --config {path}\n(flags given beside it win)")
+                             "workers": options.workers, "device": options.device}, header)

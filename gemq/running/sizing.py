@@ -17,15 +17,17 @@ The rules (docs/performance.md, "What gemq chooses", holds the measurements behi
   update from BYTE_SAVING_FROM bytes of state, where moving bytes costs as much as
   computing; float32 and every update below it.
 - **Redis memory**: ``redis_bytes`` bounds what the run can make its Redis hold. Where the
-  room is known (a Redis' ``maxmemory``; for a private Redis, half the memory this machine
-  has available), max_pending shrinks, then the budget with it, until the bound fits; a
-  run that still does not fit is refused (RunTooBig) with what it needs.
+  room is known (a Redis' ``maxmemory``; for a private Redis, a third of the memory this
+  machine has available), max_pending shrinks, then the budget with it, until the bound
+  fits; a run that still does not fit a maxmemory is refused (RunTooBig) with what it
+  needs, and one over the machine's share gets a warning (the bound is a worst case).
 
 A value the user gave is kept as given, and only checked against the room.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Collection
@@ -39,6 +41,8 @@ from gemq.layout import ParamLayout
 from gemq.shards import MAX_SHARD_BYTES, ShardPlan
 from gemq.state.serverfit import BULK_LEN_SLACK, ServerFacts
 from gemq.wire.codec import HEADER_ALLOWANCE, WIRE_DTYPES
+
+log = logging.getLogger(__name__)
 
 MB = 2**20
 #: RunConfig's defaults: its snapshot budget is the reference every auto max_pending is
@@ -58,11 +62,12 @@ BYTE_SAVING_PUBLISH_EVERY = 2
 #: Redis' allocator (jemalloc) rounds a large value up to its size class, four per
 #: doubling: a value takes up to 1.25 times its bytes.
 ALLOCATED = 1.25
-#: What a Redis holds beyond a run's values: its own baseline, metrics, bookkeeping.
+#: What a Redis holds beyond a run's values: its own baseline, the run's metrics (capped
+#: at METRICS_MAXLEN rows of a few hundred bytes), bookkeeping.
 REDIS_BASE_BYTES = 32 * MB
 #: A private Redis may take this share of the memory the machine has available: the
-#: aggregators, the workers and the rest of the machine need the other part.
-PRIVATE_REDIS_SHARE = 0.5
+#: aggregators keep as many snapshots again in their own memory, and the workers need theirs.
+PRIVATE_REDIS_SHARE = 1 / 3
 
 
 class RunTooBig(GemqError):
@@ -81,6 +86,9 @@ class Room:
     value_limit: int = MAX_SHARD_BYTES + BULK_LEN_SLACK
     masters: int = 1
     min_shards: int = 1
+    #: A Redis' maxmemory is a wall (writes past it are refused): a run over it is refused.
+    #: This machine's memory is a guide: a run over it is warned about.
+    strict: bool = True
 
     def fits(self, config: RunConfig, needed: int) -> bool:
         """Whether a run needing ``needed`` bytes in all fits: a master holds at most
@@ -108,8 +116,8 @@ class Room:
         memory available, for all its masters together."""
         available = available_memory()
         return cls(int(available * PRIVATE_REDIS_SHARE),
-                   f"half the {available / 2**30:.1f} GB this machine has available",
-                   min_shards=masters)
+                   f"a third of the {available / 2**30:.1f} GB this machine has available",
+                   min_shards=masters, strict=False)
 
 
 @dataclass(frozen=True)
@@ -183,23 +191,30 @@ def size_run(config: RunConfig, left_to_gemq: Collection[str], layout: ParamLayo
         notes.append(f"fewer in flight to fit the Redis: max_pending {config.max_pending}")
     needed = redis_bytes(config, plan, workers)
     if not room.fits(config, needed):
-        raise RunTooBig(_too_big(config, state_bytes, workers, needed, room))
+        if room.strict:
+            raise RunTooBig(_too_big(config, state_bytes, workers, needed, room))
+        log.warning("this run may make its Redis hold up to %s (%s), more than %s: the "
+                    "machine may run short of memory; fewer workers, or a smaller "
+                    "--max-pending or --snapshot-budget-mb, need less", _size(needed),
+                    _settings_text(config, state_bytes, workers), room.source)
     return Sizing(config, chosen, state_bytes, workers, needed, room, notes)
 
 
 def redis_bytes(config: RunConfig, plan: ShardPlan, workers: int) -> int:
     """The most the run can make its Redis hold, summed over the shards: per shard, the
-    snapshots kept; the gradients in the stream (max_pending and one per worker) and the
-    same again in the aggregator's read replies; the workers' GEM moments and one being
-    staged; a staged parameter vector; a read of the parameters per worker and one more
-    (the model file); each value rounded up to its allocation, and the server's base."""
+    snapshots kept; the gradients in the stream (max_pending, and one more per worker that
+    saw room at the same moment), the same again in the aggregator's read replies, and one
+    per worker on its way in (a client's query buffer); the workers' GEM moments and one
+    being staged; a staged parameter vector; a read of the parameters per worker and one
+    more (the model file); each value rounded up to its allocation; and the server's own
+    base with the run's capped metrics."""
     total = 0
     for shard in plan.shards:
         state = 4 * shard.size
         gradient = shard.size * WIRE_DTYPES[config.wire_dtype].itemsize + HEADER_ALLOWANCE
-        in_stream = config.max_pending + workers
+        gradients = 2 * (config.max_pending + workers) + workers
         states = kept_versions(config, shard.size) + (workers + 1) + 1 + (workers + 1)
-        total += math.ceil(ALLOCATED * (states * state + 2 * in_stream * gradient))
+        total += math.ceil(ALLOCATED * (states * state + gradients * gradient))
     return total + REDIS_BASE_BYTES
 
 
@@ -265,12 +280,17 @@ def _tight_budget_mb(config: RunConfig, shard_bytes: int, workers: int) -> int:
     return math.ceil(max(versions, MIN_KEPT) * shard_bytes / MB)
 
 
+def _settings_text(config: RunConfig, state_bytes: int, workers: int) -> str:
+    return (f"{state_bytes / MB:.0f} MB of parameters, {config.shards} "
+            f"shard{'s' if config.shards > 1 else ''}, {workers} "
+            f"worker{'s' if workers != 1 else ''}, max_pending {config.max_pending}, "
+            f"snapshots {config.snapshot_budget_mb} MB a shard")
+
+
 def _too_big(config: RunConfig, state_bytes: int, workers: int, needed: int,
              room: Room) -> str:
-    return (f"this run needs up to {_size(needed)} of Redis memory ({state_bytes / MB:.0f} MB "
-            f"of parameters, {config.shards} shard{'s' if config.shards > 1 else ''}, "
-            f"{workers} worker{'s' if workers != 1 else ''}, max_pending "
-            f"{config.max_pending}, snapshots {config.snapshot_budget_mb} MB a shard) and the "
+    return (f"this run needs up to {_size(needed)} of Redis memory "
+            f"({_settings_text(config, state_bytes, workers)}) and the "
             f"Redis has {_size(room.free_bytes or 0)} free ({room.source}): raise its "
             f"maxmemory by {_size(needed - (room.free_bytes or 0))} or more, or run fewer "
             "workers or more shards over a Redis Cluster")
