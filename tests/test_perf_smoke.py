@@ -34,18 +34,21 @@ EXPECTED: dict[str, dict[str, list[str]]] = {
                "shards_core_bound_speedup": ["two_redis", "one_redis"],
                "shards_cpu_speedup": ["two_redis", "one_redis"]},
     "shard_sizes": {"shard_bytes_rate": ["0.16m"]},
-    "big_model": {"big_model_ratio": ["s1"]},
+    "big_model": {"big_model_ratio": ["auto"]},
+    "versus_ddp": {"ddp_over_gemq": ["uniform_n2"], "reference_over_gemq": ["uniform_n2"],
+                   "versus_ddp_accuracy": ["uniform_n2"]},
 }
 #: Sections whose numbers may be negative or zero (accuracy differences, staleness).
 SIGNED = ("wire_fp16", "wire_bf16", "publication_policy")
 #: Seconds each ``--quick --only NAME`` subprocess may take: at least 8x its duration as a
 #: test on an idle 2-core machine (load average 0.01-0.17 when the tests started):
 #: transport 19 s, compute 27 s, time_to_target 19 s, scale 10 s, real_models 16 s,
-#: telemetry 4 s, shards 28 s, shard_sizes 6 s, big_model 14 s. The measuring windows stay
+#: telemetry 4 s, shards 28 s, shard_sizes 6 s, big_model 14 s; versus_ddp 23 s (load
+#: average 0.64, three contenders' start-ups). The measuring windows stay
 #: 1-2 s: a window of 0.5 s saw no step at all once, at load 4 (a ratio of 0).
 TIMEOUT_S = {"transport": 160, "compute": 220, "time_to_target": 180, "scale": 90,
              "real_models": 130, "telemetry": 60, "shards": 230, "shard_sizes": 60,
-             "big_model": 120}
+             "big_model": 120, "versus_ddp": 200}
 
 
 def _numbers(tree: object) -> list[object]:

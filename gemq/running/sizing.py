@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gemq.aggregation.snapshots import MIN_KEPT, kept_versions
-from gemq.config import RunConfig
+from gemq.config import AUTO_SETTINGS, RunConfig
 from gemq.errors import GemqError
 from gemq.layout import ParamLayout
 from gemq.shards import MAX_SHARD_BYTES, ShardPlan
@@ -172,8 +172,7 @@ def size_run(config: RunConfig, left_to_gemq: Collection[str], layout: ParamLayo
     """``config`` with the settings in ``left_to_gemq`` chosen for ``layout``'s model,
     ``workers`` workers and ``room``; RunTooBig if it cannot fit, ConfigError for given
     values that cannot hold the model."""
-    chosen = tuple(name for name in ("shards", "max_pending", "snapshot_budget_mb",
-                                     "wire_dtype", "publish_every") if name in left_to_gemq)
+    chosen = tuple(name for name in AUTO_SETTINGS if name in left_to_gemq)
     state_bytes = 4 * layout.size
     notes: list[str] = []
     if "shards" in chosen:
@@ -228,10 +227,11 @@ def _fewest_shards(state_bytes: int, room: Room) -> int:
 
 def _in_flight(config: RunConfig, chosen: tuple[str, ...], shard_size: int,
                workers: int) -> RunConfig:
-    """max_pending within the default budget's snapshots, and a budget for it."""
+    """max_pending within the budget's snapshots (the default budget, unless one was
+    given), and a budget for it."""
     shard_bytes = 4 * shard_size
     if "max_pending" in chosen:
-        covered = DEFAULT_BUDGET_MB * MB // shard_bytes - workers - 1
+        covered = config.snapshot_budget_mb * MB // shard_bytes - workers - 1
         pending = min(DEFAULT_PENDING, max(MIN_AUTO_PENDING, covered))
         config = config.replace(max_pending=pending)
     if "snapshot_budget_mb" in chosen:
