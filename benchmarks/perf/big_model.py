@@ -6,15 +6,15 @@ the same model and batch size.
 The runs: ``auto``, no flag at all (what gemq chooses for the model and the machine:
 gemq/running/sizing.py); then with the settings worked out by hand (``advised``:
 ``--max-pending 4``, a snapshot budget for 7 versions, bfloat16 gradients on the wire and
-new parameters every second update): ``--shards 1``; ``--shards 2`` (two aggregators, one private Redis);
-``--shards 2 --local-cluster 2`` (two aggregators, a private Redis Cluster of two masters;
-the run id is chosen so that the two shards fall on different masters); the same with an
-empty ``MALLOC_CONF`` in its environment, which its Redis servers inherit (their allocator
-then hands every freed value back to the kernel, as before gemq's private Redis kept freed
-pages: sharded.RELEASE_PAGES); ``--shards 1`` with float32 gradients and new parameters
-after every update (the advice before the last two settings); and the values gemq uses
-for small models (64 in flight, 64 MB of snapshots, float32, every update), to show what
-they cost a big one.
+new parameters every second update): ``--shards 1``; ``--shards 2`` (two aggregators, one
+private Redis); ``--shards 2 --local-cluster 2`` (two aggregators, a private Redis Cluster
+of two masters; the run id is chosen so that the two shards fall on different masters);
+the same with an empty ``MALLOC_CONF`` in its environment, which its Redis servers inherit
+(their allocator then hands every freed value back to the kernel, as before gemq's private
+Redis kept freed pages: sharded.RELEASE_PAGES); ``--shards 1`` with float32 gradients and
+new parameters after every update (the advice before the last two settings); and the
+values gemq uses for small models (64 in flight, 64 MB of snapshots, float32, every
+update), to show what they cost a big one.
 
 The rate of a run is taken from its own curves (``metrics.csv``: a row per commit of
 shard 0, with its wall time and updates) between 20% of its updates and its last row, so
