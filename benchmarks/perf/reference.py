@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,16 +61,40 @@ def _model(seed: int) -> Any:
 
 
 def server(config: PSConfig, out: str) -> None:
-    """Serve pulls and commits FIFO until the budget is spent and every worker is told."""
+    """Serve pulls and commits FIFO until the budget is spent and every worker is told; the
+    snapshots taken on the way go to ``out`` (npz)."""
+    dist = _init(config, 0)
+    times: list[float] = []
+    versions: list[int] = []
+    snapshots: list[np.ndarray] = []
+    t0 = last = time.monotonic()
+
+    def record(updates: int, theta: Any, done: bool) -> None:
+        nonlocal last
+        final = done and (not versions or versions[-1] != updates)
+        if time.monotonic() - last >= SNAPSHOT_EVERY_S or final:
+            last = time.monotonic()
+            times.append(last - t0)
+            versions.append(updates)
+            snapshots.append(theta.numpy().copy())
+
+    updates = serve(config, dist, record)
+    elapsed = time.monotonic() - t0
+    np.savez(out, times=np.array(times), versions=np.array(versions),
+             params=np.stack(snapshots), elapsed=elapsed, updates=updates)
+    dist.destroy_process_group()
+
+
+def serve(config: PSConfig, dist: Any, record: Callable[[int, Any, bool], None]) -> int:
+    """The server's loop: FIFO pulls and commits on the seeded parameters until the budget
+    is spent and every worker is told, calling ``record(updates, theta, done)`` after each
+    reply; returns the updates applied."""
     import torch
 
-    dist = _init(config, 0)
     theta = torch.nn.utils.parameters_to_vector(_model(config.seed).parameters()).detach()
     request, update = torch.zeros(1), torch.zeros_like(theta)
     reply = torch.zeros(1 + theta.numel())
     updates = stopped = 0
-    times, versions, snapshots = [], [], []
-    t0 = last = time.monotonic()
     while stopped < config.workers:
         src = dist.recv(request)  # from any worker: whoever comes first is served first
         if request.item() == COMMIT:
@@ -82,16 +107,8 @@ def server(config: PSConfig, out: str) -> None:
         reply[1:] = theta
         dist.send(reply, dst=src)
         stopped += int(done)
-        final = done and (not versions or versions[-1] != updates)
-        if time.monotonic() - last >= SNAPSHOT_EVERY_S or final:
-            last = time.monotonic()
-            times.append(last - t0)
-            versions.append(updates)
-            snapshots.append(theta.numpy().copy())
-    elapsed = time.monotonic() - t0
-    np.savez(out, times=np.array(times), versions=np.array(versions),
-             params=np.stack(snapshots), elapsed=elapsed, updates=updates)
-    dist.destroy_process_group()
+        record(updates, theta, done)
+    return updates
 
 
 def worker(config: PSConfig, rank: int) -> None:

@@ -214,35 +214,23 @@ def run_gemq(n: int, batch: int, budget_updates: int, disruption: Disruption,
 # -- the authors'-style parameter server --------------------------------------------------
 
 def peer_server(config: reference.PSConfig, workdir: str) -> None:
-    """benchmarks/perf/reference.py's server, FIFO and unchanged in what it computes, but
-    writing its snapshots to a SnapshotLog as it goes: a server that dies or hangs when a
-    worker is lost keeps the curve up to that point."""
-    import torch
-
+    """benchmarks/perf/reference.py's server loop, unchanged in what it computes, writing its
+    snapshots to a SnapshotLog as it goes: a server that dies or hangs when a worker is lost
+    keeps the curve up to that point."""
     folder = Path(workdir)
     dist = reference._init(config, 0)
-    theta = torch.nn.utils.parameters_to_vector(
-        reference._model(config.seed).parameters()).detach()
-    request, update = torch.zeros(1), torch.zeros_like(theta)
-    reply = torch.zeros(1 + theta.numel())
     log = SnapshotLog(folder / "snapshots.bin")
-    updates = stopped = 0
+    logged_last = False
+
+    def record(updates: int, theta: Any, done: bool) -> None:
+        nonlocal logged_last
+        if log.due() or (done and not logged_last):  # and the budget's last update
+            log.append(updates, theta.numpy())
+            logged_last = done
+
     (folder / "started").write_text(repr(time.time()))
     try:
-        while stopped < config.workers:
-            src = dist.recv(request)
-            if request.item() == reference.COMMIT:
-                dist.recv(update, src=src)
-                if updates < config.budget_updates:
-                    theta += update
-                    updates += 1
-            done = updates >= config.budget_updates
-            reply[0] = reference.STOP if done else reference.GO
-            reply[1:] = theta
-            dist.send(reply, dst=src)
-            stopped += int(done)
-            if log.due() or (done and stopped == 1):  # and the budget's last update
-                log.append(updates, theta.numpy())
+        reference.serve(config, dist, record)
     except RuntimeError as e:  # a worker's connection closed: the fixed group is broken
         (folder / "crashed").write_text(f"{time.time()!r} {e}")
         os._exit(1)  # destroying a broken group can hang
