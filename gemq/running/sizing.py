@@ -54,8 +54,9 @@ DEFAULT_PENDING = DEFAULTS.max_pending
 #: 11.4 M-parameter MLP, 4 keeps both workers busy (docs/performance.md).
 MIN_AUTO_PENDING = 4
 #: From this many bytes of state, gradients travel as bfloat16 and parameters are published
-#: every BYTE_SAVING_PUBLISH_EVERY updates (measured at 45.6 MB: same accuracy, 1.27x the
-#: updates/s; below it, no measurement shows a gain worth changing what the model sees).
+#: every BYTE_SAVING_PUBLISH_EVERY updates (measured at 45.6 MB: the same accuracy at more
+#: updates/s, docs/performance.md "What gemq chooses"; below it, no measurement shows a
+#: gain worth changing what the model sees).
 BYTE_SAVING_FROM = 32 * MB
 BYTE_SAVING_DTYPE = "bfloat16"
 BYTE_SAVING_PUBLISH_EVERY = 2
