@@ -81,7 +81,9 @@ def test_given_values_win_and_the_rest_is_chosen_around_them() -> None:
 
 
 def test_a_private_cluster_gets_a_shard_per_master() -> None:
-    assert sized(PAPER_CNN, 2, Room(None, "", min_shards=3)).shards == 3
+    sizing = size_run(DEFAULTS, AUTO_SETTINGS, PAPER_CNN, 2, Room(None, "", min_shards=3))
+    assert sizing.config.shards == 3
+    assert "shards 3: one per master of the private cluster" in sizing.describe()
     assert sized(PAPER_CNN, 2, Room(None, "", masters=3)).shards == 1  # a cluster you bring
 
 

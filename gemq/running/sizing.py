@@ -129,6 +129,8 @@ class Sizing:
     #: The settings gemq chose, in AUTO_SETTINGS order.
     chosen: tuple[str, ...]
     state_bytes: int
+    #: Elements of the run's largest shard.
+    shard_size: int
     workers: int
     #: What the run can make its Redis hold at most (``redis_bytes``).
     redis_bytes: int
@@ -147,9 +149,10 @@ class Sizing:
         lines = [f"sized for a {self.state_bytes / MB:.1f} MB model and {self.workers} "
                  f"worker{'s' if self.workers != 1 else ''} (flags given win):"]
         if "shards" in self.chosen:
-            lines.append(f"  shards {c.shards}: the fewest that hold it "
-                         f"({shard_mb:.1f} MB each)")
-        versions = kept_versions(c, math.ceil(self.state_bytes / 4 / c.shards))
+            why = ("one per master of the private cluster" if c.shards == self.room.min_shards > 1
+                   else "the fewest that hold it")
+            lines.append(f"  shards {c.shards}: {why} ({shard_mb:.1f} MB each)")
+        versions = kept_versions(c, self.shard_size)
         if {"max_pending", "snapshot_budget_mb"} & set(self.chosen):
             lines.append(f"  max_pending {c.max_pending}, snapshots {c.snapshot_budget_mb} MB "
                          f"a shard ({versions} versions: max_pending + workers + 1 keeps "
@@ -197,7 +200,7 @@ def size_run(config: RunConfig, left_to_gemq: Collection[str], layout: ParamLayo
                     "machine may run short of memory; fewer workers, or a smaller "
                     "--max-pending or --snapshot-budget-mb, need less", _size(needed),
                     _settings_text(config, state_bytes, workers), room.source)
-    return Sizing(config, chosen, state_bytes, workers, needed, room, notes)
+    return Sizing(config, chosen, state_bytes, shard_size, workers, needed, room, notes)
 
 
 def redis_bytes(config: RunConfig, plan: ShardPlan, workers: int) -> int:
