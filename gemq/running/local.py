@@ -131,9 +131,11 @@ def train(model: ModelSpec = DEFAULT_MODEL, dataset: DatasetSpec = DEFAULT_DATAS
     start from. ``local_cluster``: start a private Redis Cluster of that many masters
     (instead of one private Redis) to try the sharded topology. ``dashboard``: serve the
     dashboard on that loopback port while the run trains, and after it until Ctrl-C (the
-    run's curves live in its private Redis). Every setting left None
-    takes RunConfig's default (see ``gemq run --help``, or gemq.config, for each one's
-    meaning, default and range).
+    run's curves live in its private Redis). Every setting left None takes RunConfig's
+    default (see ``gemq run --help``, or gemq.config, for each one's meaning, default and
+    range), except the five gemq chooses for the model, the workers and the machine
+    (shards, max_pending, snapshot_budget_mb, wire_dtype, publish_every: None or "auto";
+    gemq.running.sizing).
     """
     given = locals()  # the arguments, by name: one per user setting (a test checks)
     settings: dict[str, Any] = {s.name: given[s.name] for s in USER_SETTINGS}
