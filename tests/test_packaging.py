@@ -4,11 +4,14 @@ wing by wing (gemq/__init__.py draws the house)."""
 from __future__ import annotations
 
 import ast
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -206,12 +209,25 @@ def test_the_simulation_wing_is_light_to_import() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=ROOT)
 
 
+@contextlib.contextmanager
+def building_from_the_source_tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Held while pip builds from the source tree, where setuptools writes build/ and
+    gemq.egg-info/: two builds at once (one per pytest-xdist process) race there, and one
+    fails. The lock file lives in the session's temporary folder, which the processes of
+    one run share."""
+    lock = tmp_path_factory.getbasetemp().parent / "source-tree-build.lock"
+    with lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "--quiet", "--wheel-dir", str(out), str(ROOT)],
-                   check=True, timeout=300, capture_output=True)
+    with building_from_the_source_tree(tmp_path_factory):
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                        "--no-build-isolation", "--quiet", "--wheel-dir", str(out), str(ROOT)],
+                       check=True, timeout=300, capture_output=True)
     (built,) = out.glob("gemq-*.whl")
     return zipfile.ZipFile(built)
 
@@ -238,13 +254,16 @@ def test_the_wheel_carries_the_services_and_the_dashboard(wheel: zipfile.ZipFile
 
 
 @pytest.mark.slow
-def test_a_plain_install_brings_no_dataset_packages(tmp_path: Path) -> None:
+def test_a_plain_install_brings_no_dataset_packages(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """pip resolves `pip install gemq` (no extra) from the registry and this machine's
     torch: the bundled datasets' packages and what they pull in stay out."""
     report = tmp_path / "report.json"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
-                    "--quiet", "--report", str(report), "-c", "constraints.txt", "."],
-                   cwd=ROOT, check=True, capture_output=True, timeout=600)
+    with building_from_the_source_tree(tmp_path_factory):
+        subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run",
+                        "--ignore-installed", "--quiet", "--report", str(report), "-c",
+                        "constraints.txt", "."],
+                       cwd=ROOT, check=True, capture_output=True, timeout=600)
     names = {item["metadata"]["name"].lower().replace("_", "-")
              for item in json.loads(report.read_text())["install"]}
     assert {"gemq", "torch", "redis", "msgpack", "fastapi", "rq"} <= names
