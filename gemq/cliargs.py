@@ -98,8 +98,8 @@ def add_settings(parser: argparse.ArgumentParser, groups: Iterable[str]) -> None
         group = parser.add_argument_group(group_name)
         target: Any = group.add_mutually_exclusive_group() if group_name == BUDGET else group
         for setting in (s for s in USER_SETTINGS if s.group == group_name):
-            typed = ({"choices": (*((AUTO,) if setting.auto else ()), *setting.choices)}
-                     if setting.choices else {"type": _value_parser(setting)})
+            typed = ({"choices": setting.offered_choices} if setting.choices
+                     else {"type": _value_parser(setting)})
             target.add_argument(flag(setting.name), dest=setting.name,
                                 default=setting.default, help=setting.help, **typed)
 

@@ -79,6 +79,13 @@ class Setting:
         if too_low or too_high:
             raise ConfigError(self.name, f"must be in {self.range_text()}, got {value:g}")
 
+    @property
+    def offered_choices(self) -> tuple[str, ...] | None:
+        """The choices a user is offered: AUTO first where gemq may choose."""
+        if self.choices is None:
+            return None
+        return (AUTO, *self.choices) if self.auto else self.choices
+
     def range_text(self) -> str:
         left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
         return f"{left}{self.low:g}, {self.high:g}{right}"
@@ -86,9 +93,10 @@ class Setting:
     def as_dict(self) -> dict[str, Any]:
         """The JSON description the dashboard builds its form from."""
         kind = {int: "integer", float: "number", str: "string"}[self.kind]
-        choices = [*([AUTO] if self.auto else []), *self.choices] if self.choices else None
+        choices = self.offered_choices
         return {"name": self.name, "type": kind, "default": self.default, "help": self.help,
-                "group": self.group, "choices": choices, "auto": self.auto,
+                "group": self.group, "choices": list(choices) if choices else None,
+                "auto": self.auto,
                 "minimum": self.low, "maximum": self.high,
                 "exclusive_minimum": self.low_open, "exclusive_maximum": self.high_open,
                 "max_length": self.max_length}

@@ -243,11 +243,12 @@ def _in_flight(config: RunConfig, chosen: tuple[str, ...], shard_size: int,
     return config
 
 
-def _budget_mb(config: RunConfig, shard_bytes: int, workers: int) -> int:
-    """The default budget, or what max_pending + workers + 1 versions need if more (within
-    what max_staleness can use)."""
+def _budget_mb(config: RunConfig, shard_bytes: int, workers: int,
+               at_least_mb: int = DEFAULT_BUDGET_MB) -> int:
+    """What max_pending + workers + 1 versions need (within what max_staleness can use), or
+    ``at_least_mb`` if more: the default budget, or nothing for a Redis short of room."""
     versions = min(config.max_pending + workers + 1, config.max_staleness + 1)
-    return max(DEFAULT_BUDGET_MB, math.ceil(max(versions, MIN_KEPT) * shard_bytes / MB))
+    return max(at_least_mb, math.ceil(max(versions, MIN_KEPT) * shard_bytes / MB))
 
 
 def _publish_every(config: RunConfig, state_bytes: int) -> int:
@@ -272,16 +273,9 @@ def _fit(config: RunConfig, chosen: tuple[str, ...], plan: ShardPlan, workers: i
                                 publish_every=min(config.publish_every, max(1, pending // 2)))
         if "snapshot_budget_mb" in chosen:
             config = config.replace(
-                snapshot_budget_mb=_tight_budget_mb(config, shard_bytes, workers))
+                snapshot_budget_mb=_budget_mb(config, shard_bytes, workers, at_least_mb=0))
         shrunk = True
     return config, shrunk
-
-
-def _tight_budget_mb(config: RunConfig, shard_bytes: int, workers: int) -> int:
-    """Just the versions max_pending + workers + 1 need: a Redis short of room gets no
-    more than that."""
-    versions = min(config.max_pending + workers + 1, config.max_staleness + 1)
-    return math.ceil(max(versions, MIN_KEPT) * shard_bytes / MB)
 
 
 def _settings_text(config: RunConfig, state_bytes: int, workers: int) -> str:

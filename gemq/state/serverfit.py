@@ -116,10 +116,7 @@ def warn_about_value_limit(facts: ServerFacts, config: RunConfig, plan: ShardPla
 def memory_figures(client: redis.Redis, name: str) -> list[int]:
     """``INFO memory``'s ``name`` (used_memory, used_memory_peak) of the server, or of each
     master of a cluster."""
-    kwargs: dict[str, Any] = {}
-    if is_cluster(client):
-        kwargs["target_nodes"] = redis.RedisCluster.PRIMARIES
-    reply: dict[Any, Any] = client.info("memory", **kwargs)
+    reply: dict[Any, Any] = client.info("memory", **_every_master(client))
     if name in reply:
         return [int(reply[name])]
     return [int(node[name]) for node in reply.values()]
@@ -127,13 +124,16 @@ def memory_figures(client: redis.Redis, name: str) -> list[int]:
 
 def _settings(client: redis.Redis, names: tuple[str, ...]) -> list[dict[str, str]]:
     """``names``' values on each master of a cluster, or the one server."""
-    kwargs: dict[str, Any] = {}
-    if is_cluster(client):
-        kwargs["target_nodes"] = redis.RedisCluster.PRIMARIES
+    kwargs = _every_master(client)
     reply: dict[Any, Any] = client.config_get(*names, **kwargs)
     # A cluster answers per node ({"host:port": {...}}), unless it has one.
     nodes = reply.values() if kwargs and not set(names) & set(reply) else [reply]
     return [{_text(k): _text(v) for k, v in node.items()} for node in nodes]
+
+
+def _every_master(client: redis.Redis) -> dict[str, Any]:
+    """The keyword that sends a command to every master of a cluster (none for one server)."""
+    return {"target_nodes": redis.RedisCluster.PRIMARIES} if is_cluster(client) else {}
 
 
 def _text(value: Any) -> str:

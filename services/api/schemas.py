@@ -55,7 +55,7 @@ def _field(setting: Setting) -> tuple[Any, Any]:
     kind: Any = Literal[setting.choices] if setting.choices else setting.kind
     if setting.auto:  # a value, or "auto": gemq chooses it when the run is created
         if setting.choices:
-            return Literal[(AUTO, *setting.choices)], Field(AUTO, description=setting.help)
+            return Literal[setting.offered_choices], Field(AUTO, description=setting.help)
         return (Annotated[kind, Field(**bounds)] | Literal[AUTO],
                 Field(AUTO, description=setting.help))
     if setting.default is None:
