@@ -22,6 +22,14 @@ from gemq.ids import is_valid_run_id
 
 ALGORITHMS = ("gem", "downpour", "adaptive", "dcasgd")
 PROXIES = ("local", "global")
+#: The proxy's optimizer: the paper's momentum SGD, or Adam (gemq/aggregation/rules.py).
+OPTIMIZERS = ("momentum", "adam")
+#: The learning rate when the user leaves it to gemq, by optimizer: the paper's for momentum
+#: SGD; for Adam the usual 1e-3 (Kingma & Ba), which its per-element step size is close to.
+DEFAULT_LR = {"momentum": 0.05, "adam": 1e-3}
+#: Adam's beta2 and epsilon when not given: torch.optim.Adam's defaults.
+ADAM_BETA2 = 0.999
+ADAM_EPS = 1e-8
 WIRE_DTYPES = ("float32", "float16", "bfloat16")
 AMP_MODES = ("off", "on", "bfloat16", "float16")
 #: DC-ASGD's lambda when the caller does not choose one (see docs/results/README.md).
@@ -120,9 +128,18 @@ class RunConfig:
                          choices=ALGORITHMS)
     proxy: str = _setting("local", "GEM's proxy moment: each worker's own (local, the "
                           "paper) or one over all updates (global)", choices=PROXIES)
-    lr: float = _setting(0.05, "learning rate eta of the momentum-SGD proxy",
-                         low=0, high=10, low_open=True)
-    momentum: float = _setting(0.9, "momentum mu of the proxy", low=0, high=1, high_open=True)
+    optimizer: str = _setting("momentum", "the proxy's optimizer: momentum (SGD with "
+                              "momentum, the paper's) or adam (Adam; --momentum is its beta1)",
+                              choices=OPTIMIZERS)
+    lr: float = _setting(DEFAULT_LR["momentum"], "learning rate eta of the proxy; auto: "
+                         "0.05 for momentum, 0.001 for adam", low=0, high=10, low_open=True,
+                         auto=True)
+    momentum: float = _setting(0.9, "momentum mu of the proxy (Adam's beta1)", low=0, high=1,
+                               high_open=True)
+    beta2: float = _setting(ADAM_BETA2, "Adam's beta2 (optimizer adam)", low=0, high=1,
+                            high_open=True)
+    adam_eps: float = _setting(ADAM_EPS, "Adam's epsilon (optimizer adam)", user=False,
+                               low=0, high=1, low_open=True)
     kappa: float = _setting(1.0, "GEM's proxy amplification", low=0, high=100, low_open=True)
     pi_max: float = _setting(5.0, "GEM's clip of pi", low=0, high=1e6, low_open=True)
     eps: float = _setting(1e-12, "GEM's epsilon in pi's denominator", user=False,
@@ -322,10 +339,12 @@ def make_config(settings: Mapping[str, Any], *, train_samples: int) -> RunConfig
     ``settings``: RunConfig fields and the budget as ``epochs`` or ``steps`` (not both;
     neither: DEFAULT_EPOCHS); a value of None means the default; no ``run_id``: a new one.
     A setting left to gemq (``left_to_gemq``) takes RunConfig's default here, which
-    gemq.running.sizing replaces once the model and the Redis are known.
+    gemq.running.sizing replaces once the model and the Redis are known; a learning rate
+    left to gemq is the optimizer's (DEFAULT_LR).
     ``train_samples`` (the training set's size) turns epochs into updates.
     """
-    left = set(left_to_gemq(settings))  # RunConfig's defaults until the run is sized
+    # RunConfig's defaults until the run is sized; the learning rate once the optimizer is.
+    left = {*left_to_gemq(settings), *(n for n in RESOLVED_BY_CONFIG if _is_left(settings, n))}
     given = {name: value for name, value in settings.items()
              if value is not None and name not in left}
     budget = {s.name: coerce(s, given.pop(s.name)) for s in BUDGET_SETTINGS
@@ -337,6 +356,8 @@ def make_config(settings: Mapping[str, Any], *, train_samples: int) -> RunConfig
         raise ConfigError("steps", "give epochs or steps, not both")
     given.setdefault("run_id", new_run_id())
     config = RunConfig.from_dict(given)
+    if "lr" in left:
+        config = config.replace(lr=DEFAULT_LR[config.optimizer])
     if not budget and "budget_updates" in given:
         return config  # a caller that counts in updates already
     steps = budget.get("steps") or budget_updates(budget.get("epochs", DEFAULT_EPOCHS),
@@ -347,13 +368,20 @@ def make_config(settings: Mapping[str, Any], *, train_samples: int) -> RunConfig
 #: The workers a run is sized for where they are not known when it is created (gemq create,
 #: the API: workers join later), as gemq run starts by default.
 PLANNED_WORKERS = 4
+#: Settings whose AUTO ``make_config`` resolves at once, from other settings alone.
+RESOLVED_BY_CONFIG = ("lr",)
 #: The settings gemq may choose when a run is created (gemq/running/sizing.py).
-AUTO_SETTINGS = tuple(s.name for s in USER_SETTINGS if s.auto)
+AUTO_SETTINGS = tuple(s.name for s in USER_SETTINGS
+                      if s.auto and s.name not in RESOLVED_BY_CONFIG)
+
+
+def _is_left(settings: Mapping[str, Any], name: str) -> bool:
+    return settings.get(name, AUTO) in (None, AUTO)
 
 
 def left_to_gemq(settings: Mapping[str, Any]) -> tuple[str, ...]:
     """The AUTO_SETTINGS that ``settings`` leaves to gemq: not given, None or AUTO."""
-    return tuple(name for name in AUTO_SETTINGS if settings.get(name, AUTO) in (None, AUTO))
+    return tuple(name for name in AUTO_SETTINGS if _is_left(settings, name))
 
 
 def validate_settings(settings: Mapping[str, Any]) -> None:

@@ -451,7 +451,8 @@ def test_apply_env_defaults_with_a_dict() -> None:
 
 def test_defaults_without_environment() -> None:
     args = cli.build_parser().parse_args(["run"])
-    assert (args.lr, args.batch_size, args.algo, args.workers) == (0.05, 64, "gem", 4)
+    # The learning rate is the optimizer's unless given (gemq.config.DEFAULT_LR).
+    assert (args.lr, args.batch_size, args.algo, args.workers) == ("auto", 64, "gem", 4)
     assert (args.redis_url, args.no_progress, args.steps, args.epochs) == (None, False, None,
                                                                             None)
 

@@ -25,6 +25,7 @@ DEFAULTS = {
     "publish_every": 1, "publish_interval_ms": 0, "max_rejected_in_a_row": 1000,
     "stall_timeout_s": 120.0, "loss": "cross_entropy", "amp": "off",
     "checkpoint_overhead": 0.05, "shards": 1, "eval_every": 200,
+    "optimizer": "momentum", "beta2": 0.999, "adam_eps": 1e-8,
 }
 
 

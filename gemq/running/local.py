@@ -106,8 +106,10 @@ class LocalOptions:
 
 def train(model: ModelSpec = DEFAULT_MODEL, dataset: DatasetSpec = DEFAULT_DATASET, *,
           workers: int = 4, epochs: float | None = None, steps: int | None = None,
-          algo: str | None = None, proxy: str | None = None, lr: float | None = None,
-          momentum: float | None = None, kappa: float | None = None,
+          algo: str | None = None, proxy: str | None = None,
+          optimizer: str | None = None, lr: float | str | None = None,
+          momentum: float | None = None, beta2: float | None = None,
+          kappa: float | None = None,
           pi_max: float | None = None, batch_size: int | None = None,
           seed: int | None = None, eval_every: int | None = None,
           max_staleness: int | None = None,
@@ -135,7 +137,8 @@ def train(model: ModelSpec = DEFAULT_MODEL, dataset: DatasetSpec = DEFAULT_DATAS
     default (see ``gemq run --help``, or gemq.config, for each one's meaning, default and
     range), except the five gemq chooses for the model, the workers and the machine
     (shards, max_pending, snapshot_budget_mb, wire_dtype, publish_every: None or "auto";
-    gemq.running.sizing).
+    gemq.running.sizing) and the learning rate, the optimizer's (0.05 for momentum, 0.001
+    for adam) when None or "auto".
     """
     given = locals()  # the arguments, by name: one per user setting (a test checks)
     settings: dict[str, Any] = {s.name: given[s.name] for s in USER_SETTINGS}

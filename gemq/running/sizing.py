@@ -203,20 +203,25 @@ def size_run(config: RunConfig, left_to_gemq: Collection[str], layout: ParamLayo
     return Sizing(config, chosen, state_bytes, shard_size, workers, needed, room, notes)
 
 
+#: Parameter-sized vectors in one worker's proxy state: momentum SGD's moment, or Adam's two.
+PROXY_STATES = {"momentum": 1, "adam": 2}
+
+
 def redis_bytes(config: RunConfig, plan: ShardPlan, workers: int) -> int:
     """The most the run can make its Redis hold, summed over the shards: per shard, the
     snapshots kept; the gradients in the stream (max_pending, and one more per worker that
     saw room at the same moment), the same again in the aggregator's read replies, and one
-    per worker on its way in (a client's query buffer); the workers' GEM moments and one
-    being staged; a staged parameter vector; a read of the parameters per worker and one
-    more (the model file); each value rounded up to its allocation; and the server's own
-    base with the run's capped metrics."""
+    per worker on its way in (a client's query buffer); the workers' GEM moments (two
+    vectors each for an Adam proxy) and one being staged; a staged parameter vector; a read
+    of the parameters per worker and one more (the model file); each value rounded up to
+    its allocation; and the server's own base with the run's capped metrics."""
     total = 0
     for shard in plan.shards:
         state = 4 * shard.size
         gradient = shard.size * WIRE_DTYPES[config.wire_dtype].itemsize + HEADER_ALLOWANCE
         gradients = 2 * (config.max_pending + workers) + workers
-        states = kept_versions(config, shard.size) + (workers + 1) + 1 + (workers + 1)
+        moments = (workers + 1) * PROXY_STATES[config.optimizer]
+        states = kept_versions(config, shard.size) + moments + 1 + (workers + 1)
         total += math.ceil(ALLOCATED * (states * state + gradients * gradient))
     return total + REDIS_BASE_BYTES
 

@@ -60,7 +60,8 @@ def add_simulate_parser(commands: Any) -> argparse.ArgumentParser:
     sim.add_argument("--dcasgd-lambda", type=non_negative, default=DCASGD_LAMBDA,
                      help="lambda of --algo dcasgd")
     sim.add_argument("--reference", action="store_true",
-                     help="run the momentum-SGD proxy (one synchronous worker) instead")
+                     help="run the proxy itself (momentum SGD or Adam: --optimizer; one "
+                          "synchronous worker) instead")
     sim.add_argument("--eval-every", type=positive_int, default=None,
                      help="central updates between curve points (default: budget / 20)")
     sim.add_argument("--eval-samples", type=positive_int, default=1000,

@@ -184,9 +184,15 @@ class Simulator:
         self.pi_every = options.pi_every or self.eval_every
 
     def _updater(self) -> Updater:
-        if self.options.reference:
+        if self.options.reference and self.config.optimizer == "momentum":
             return MomentumProxy(self.layout.param_size, lr=self.config.lr,
                                  momentum=self.config.momentum)
+        if self.options.reference:
+            # Adam applied to each gradient as it lands, by one worker that reads theta
+            # after its own commit: synchronous Adam, exactly.
+            reference = self.config.replace(algo="downpour", proxy="local")
+            return make_rule(reference, self.layout.param_size,
+                             buffer_momenta=self.layout.buffer_momenta())
         return make_rule(self.config, self.layout.param_size,
                          dcasgd_lambda=self.options.dcasgd_lambda,
                          buffer_momenta=self.layout.buffer_momenta())

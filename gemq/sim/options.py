@@ -24,7 +24,7 @@ class SimOptions:
     #: Per-tensor median and mean pi are recorded every this many updates; 0: with the curve.
     pi_every: int = 0
     dcasgd_lambda: float = DCASGD_LAMBDA
-    #: Run the momentum-SGD proxy itself (one synchronous worker) instead of ``algo``.
+    #: Run the proxy itself (momentum SGD or Adam, one synchronous worker) instead of ``algo``.
     reference: bool = False
 
     def __post_init__(self) -> None:
