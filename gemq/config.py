@@ -27,6 +27,9 @@ OPTIMIZERS = ("momentum", "adam")
 #: The learning rate when the user leaves it to gemq, by optimizer: the paper's for momentum
 #: SGD; for Adam the usual 1e-3 (Kingma & Ba), which its per-element step size is close to.
 DEFAULT_LR = {"momentum": 0.05, "adam": 1e-3}
+#: Parameter-sized float32 vectors in one worker's proxy state: momentum SGD's moment, or
+#: Adam's two (and its step count: ``proxy_state_bytes``).
+PROXY_STATE_VECTORS = {"momentum": 1, "adam": 2}
 #: Adam's beta2 and epsilon when not given: torch.optim.Adam's defaults.
 ADAM_BETA2 = 0.999
 ADAM_EPS = 1e-8
@@ -302,6 +305,12 @@ def coerce(setting: Setting, value: Any) -> Any:
         return kind(value)
     except (TypeError, ValueError, OverflowError) as e:
         raise ConfigError(setting.name, f"cannot read {value!r} as {kind.__name__}") from e
+
+
+def proxy_state_bytes(config: RunConfig, size: int) -> int:
+    """Bytes of one worker's proxy state over ``size`` parameters: a checkpointed moment's
+    value in Redis (gemq.aggregation.rules.Proxy.state_size)."""
+    return 4 * (PROXY_STATE_VECTORS[config.optimizer] * size + (config.optimizer == "adam"))
 
 
 def new_run_id() -> str:

@@ -4,11 +4,13 @@ independent float64 reference written from docs/design.md ("GEM with an Adam pro
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import gemq
 from gemq.aggregation.rules import (
     GEM,
     GLOBAL_MOMENT,
@@ -18,9 +20,11 @@ from gemq.aggregation.rules import (
     SharedDownpour,
     make_rule,
 )
-from gemq.config import ADAM_EPS, DEFAULT_LR, RunConfig, make_config
+from gemq.config import ADAM_EPS, DEFAULT_LR, PROXY_STATE_VECTORS, RunConfig, make_config
 from gemq.errors import ConfigError
-from gemq.running.sizing import PROXY_STATES
+from gemq.layout import ParamLayout
+from gemq.shards import ShardPlan
+from gemq.state.serverfit import largest_value
 
 LR, BETA1, BETA2, KAPPA, PI_MAX = 1e-2, 0.9, 0.99, 2.0, 5.0
 
@@ -126,7 +130,7 @@ def test_a_worker_state_is_both_moments_and_its_step_count_and_survives_a_restar
     saved = {w: m.copy() for w, m in rule.moments().items()}
     assert {w: m.size for w, m in saved.items()} == {"w0": 2 * size + 1, "w1": 2 * size + 1}
     assert (saved["w0"][-1], saved["w1"][-1]) == (3.0, 2.0)  # the steps each worker took
-    assert PROXY_STATES["adam"] == 2 and rule.state_size == 2 * size + 1
+    assert PROXY_STATE_VECTORS["adam"] == 2 and rule.state_size == 2 * size + 1
 
     restarted = make_rule(config, size)
     restarted.restore(saved)
@@ -182,3 +186,22 @@ def test_a_learning_rate_left_to_gemq_follows_the_optimizer(settings: dict[str, 
 def test_an_unknown_optimizer_is_one_clear_error() -> None:
     with pytest.raises(ConfigError, match="optimizer: must be one of momentum, adam"):
         make_config({"optimizer": "lamb"}, train_samples=100)
+
+
+def test_the_largest_value_of_an_adam_run_is_a_worker_state() -> None:
+    """The private Redis is told to refuse any value above the run's largest: with Adam
+    that is a worker's checkpointed state, twice the parameters and its step count."""
+    plan = ShardPlan.of(ParamLayout.from_shapes([("w", (100_000,))], []), 1)
+    assert largest_value(adam_config("gem"), plan) == 4 * (2 * 100_000 + 1)
+    # A gradient message (the parameters' bytes and 64 KiB of slack) with momentum SGD.
+    assert largest_value(adam_config("gem", optimizer="momentum"), plan) < 4 * 200_000
+
+
+def test_gemq_trains_with_an_adam_proxy_and_checkpoints_its_state(tmp_path: Path) -> None:
+    """A whole run, checkpointing every commit it can: Adam's states travel to Redis."""
+    summary = gemq.train("mlp", "digits", optimizer="adam", steps=150, workers=2,
+                         worker_processes=1, batch_size=16, checkpoint_overhead=1.0,
+                         out_dir=tmp_path, progress=False)
+    assert summary.config.optimizer == "adam" and summary.config.lr == DEFAULT_LR["adam"]
+    assert summary.updates_applied == 150 and not summary.problems
+    assert summary.test_accuracy is not None and summary.test_accuracy > 0.8

@@ -280,10 +280,11 @@ def test_mixed_precision_gradients_stay_close_to_float32(amp: str) -> None:
 # --- checkpoints of the GEM moments ------------------------------------------------------
 
 
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
 @pytest.mark.parametrize("proxy", ["local", "global"])
 def test_a_new_leader_restores_the_checkpointed_moments(redis_client: redis.Redis,
-                                                        proxy: str) -> None:
-    store = small_run(redis_client, checkpoint_overhead=1.0, proxy=proxy)
+                                                        proxy: str, optimizer: str) -> None:
+    store = small_run(redis_client, checkpoint_overhead=1.0, proxy=proxy, optimizer=optimizer)
     rng = np.random.default_rng(0)
     for worker in ("w1", "w2"):
         store.publish_gradient(worker, gradient_message(

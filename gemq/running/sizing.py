@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gemq.aggregation.snapshots import MIN_KEPT, kept_versions
-from gemq.config import AUTO_SETTINGS, RunConfig
+from gemq.config import AUTO_SETTINGS, PROXY_STATE_VECTORS, RunConfig, proxy_state_bytes
 from gemq.errors import GemqError
 from gemq.layout import ParamLayout
 from gemq.shards import MAX_SHARD_BYTES, ShardPlan
@@ -180,7 +180,9 @@ def size_run(config: RunConfig, left_to_gemq: Collection[str], layout: ParamLayo
     state_bytes = 4 * layout.size
     notes: list[str] = []
     if "shards" in chosen:
-        config = config.replace(shards=_fewest_shards(state_bytes, room))
+        # A worker's proxy state is one value too: twice the parameters' with Adam.
+        largest = proxy_state_bytes(config, layout.size)
+        config = config.replace(shards=_fewest_shards(largest, room))
     plan = ShardPlan.of(layout, config.shards)  # a given count that cannot hold it: refused
     shard_size = max(shard.size for shard in plan.shards)
     if "wire_dtype" in chosen:
@@ -203,10 +205,6 @@ def size_run(config: RunConfig, left_to_gemq: Collection[str], layout: ParamLayo
     return Sizing(config, chosen, state_bytes, shard_size, workers, needed, room, notes)
 
 
-#: Parameter-sized vectors in one worker's proxy state: momentum SGD's moment, or Adam's two.
-PROXY_STATES = {"momentum": 1, "adam": 2}
-
-
 def redis_bytes(config: RunConfig, plan: ShardPlan, workers: int) -> int:
     """The most the run can make its Redis hold, summed over the shards: per shard, the
     snapshots kept; the gradients in the stream (max_pending, and one more per worker that
@@ -220,7 +218,7 @@ def redis_bytes(config: RunConfig, plan: ShardPlan, workers: int) -> int:
         state = 4 * shard.size
         gradient = shard.size * WIRE_DTYPES[config.wire_dtype].itemsize + HEADER_ALLOWANCE
         gradients = 2 * (config.max_pending + workers) + workers
-        moments = (workers + 1) * PROXY_STATES[config.optimizer]
+        moments = (workers + 1) * PROXY_STATE_VECTORS[config.optimizer]
         states = kept_versions(config, shard.size) + moments + 1 + (workers + 1)
         total += math.ceil(ALLOCATED * (states * state + gradients * gradient))
     return total + REDIS_BASE_BYTES

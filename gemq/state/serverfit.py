@@ -25,7 +25,7 @@ from typing import Any
 
 import redis
 
-from gemq.config import RunConfig
+from gemq.config import RunConfig, proxy_state_bytes
 from gemq.errors import GemqError
 from gemq.shards import ShardPlan
 from gemq.state.connection import is_cluster
@@ -46,12 +46,13 @@ class UnsuitableRedis(GemqError):
 
 
 def largest_value(config: RunConfig, plan: ShardPlan) -> int:
-    """Bytes of the largest value a run writes: a shard's parameters, or a gradient
-    message at its byte limit."""
+    """Bytes of the largest value a run writes: a shard's parameters, a worker's proxy
+    state (an Adam proxy's is twice the parameters), or a gradient message at its byte
+    limit."""
     size = max(shard.size for shard in plan.shards)
     expected = codec.Expected(config.run_id, "", size, config.wire_dtype,
                               config.max_message_bytes)
-    return max(4 * size, expected.byte_limit)
+    return max(4 * size, proxy_state_bytes(config, size), expected.byte_limit)
 
 
 @dataclass(frozen=True)
