@@ -152,9 +152,11 @@ class RunConfig:
     #: Gradient updates the aggregator applies before the run is finished.
     budget_updates: int = _setting(1000, "updates to apply", user=False, low=1, high=10**9)
     model: str = _setting("cnn", "cnn (the GEM paper's), resnet (residual, BatchNorm), mlp, "
-                          "logreg or package.module:factory",
+                          "logreg, transformer (byte-level text: --dataset pysource) or "
+                          "package.module:factory",
                           max_length=200)
-    dataset: str = _setting("mnist5k", "mnist5k, digits, mnist-idx:DIR or "
+    dataset: str = _setting("mnist5k", "mnist5k, digits, pysource (the Python standard "
+                            "library's source, as bytes), mnist-idx:DIR or "
                             "package.module:factory", max_length=500)
     loss: str = _setting("cross_entropy", "cross_entropy (the model outputs logits or "
                          "log-probabilities), nll (log-probabilities) or "

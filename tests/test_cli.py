@@ -162,7 +162,7 @@ def test_unknown_dataset() -> None:
     result = gemq("create", "--dataset", "nope", "--redis-url", "redis://127.0.0.1:1")
     line = assert_one_error(result, 1)
     assert line == ("gemq: error: unknown dataset 'nope': use mnist5k, digits, "
-                    "mnist-idx:DIR or 'package.module:factory'")
+                    "pysource, mnist-idx:DIR or 'package.module:factory'")
 
 
 def test_unimportable_dataset_factory() -> None:
@@ -289,8 +289,8 @@ def test_unknown_model_writes_nothing(redis_server: EmbeddedRedis,
     result = gemq("create", "--model", "nope", "--dataset", "digits",
                   "--redis-url", redis_server.url)
     line = assert_one_error(result, 1)
-    assert line == ("gemq: error: unknown model 'nope': use one of cnn, resnet, mlp, logreg or "
-                    "'package.module:factory'")
+    assert line == ("gemq: error: unknown model 'nope': use one of cnn, resnet, mlp, logreg, "
+                    "transformer or 'package.module:factory'")
     assert redis_client.keys("*") == []
 
 

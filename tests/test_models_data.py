@@ -85,7 +85,7 @@ def test_cnn_on_small_inputs_suggests_mlp() -> None:
 
 def test_unknown_model_name() -> None:
     with pytest.raises(SpecError, match=r"^unknown model 'vgg': use one of cnn, resnet, mlp, "
-                                        r"logreg or 'package.module:factory'$"):
+                                        r"logreg, transformer or 'package.module:factory'$"):
         build_model("vgg", 784, 10)
 
 
@@ -208,7 +208,7 @@ def test_digits_split(digits: DataSplit) -> None:
 
 def test_unknown_dataset() -> None:
     with pytest.raises(SpecError, match=r"^unknown dataset 'cifar10': use mnist5k, digits, "
-                                        r"mnist-idx:DIR or 'package.module:factory'$"):
+                                        r"pysource, mnist-idx:DIR or 'package.module:factory'$"):
         load_dataset("cifar10")
 
 

@@ -4,6 +4,9 @@
   fixed seed;
 - ``digits``: scikit-learn's 1,797 8x8 digits, split 1,437 / 360;
 - ``mnist-idx:DIR``: the standard MNIST IDX files in DIR (gzipped or not), for the full set;
+- ``pysource``: byte-level text, the Python standard library's own ``.py`` files read at run
+  time, in windows of 64 bytes whose targets are the next bytes (gemq.training.text; for
+  ``--model transformer``);
 - ``package.module:factory``: any callable returning ``(train, test)`` torch Datasets.
 """
 
@@ -41,12 +44,16 @@ def load_dataset(spec: str) -> DataSplit:
         return _mnist5k()
     if spec == "digits":
         return _digits()
+    if spec == "pysource":
+        from gemq.training.text import pysource
+
+        return pysource()
     if spec.startswith("mnist-idx:"):
         return _mnist_idx(Path(spec.removeprefix("mnist-idx:")))
     if is_import_spec(spec):
         return _from_factory(spec)
-    raise SpecError(f"unknown dataset {spec!r}: use mnist5k, digits, mnist-idx:DIR or "
-                    "'package.module:factory'")
+    raise SpecError(f"unknown dataset {spec!r}: use mnist5k, digits, pysource, mnist-idx:DIR "
+                    "or 'package.module:factory'")
 
 
 def _split(x: np.ndarray, y: np.ndarray, n_test: int) -> DataSplit:

@@ -1,5 +1,7 @@
-"""Built-in models: the GEM paper's MNIST CNN, a small residual CNN with BatchNorm, an MLP
-and logistic regression; and the state layout of any model."""
+"""Built-in models: the GEM paper's MNIST CNN, a small residual CNN with BatchNorm, an MLP,
+logistic regression and a small decoder-only transformer for byte-level text
+(gemq.training.transformer, trained on ``--dataset pysource``); and the state layout of any
+model."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from torch import nn
 
 from gemq.errors import SpecError
 from gemq.layout import BUFFER_DTYPES, ParamLayout
+from gemq.training import text
 from gemq.training.specs import call_factory, is_import_spec
+from gemq.training.transformer import Transformer
 
 
 class PaperCNN(nn.Module):
@@ -101,11 +105,19 @@ BUILTIN_MODELS: dict[str, Callable[[int, int], nn.Module]] = {
     "resnet": lambda in_features, classes: SmallResNet(classes),
     "mlp": lambda in_features, classes: MLP(in_features, num_classes=classes),
     "logreg": lambda in_features, classes: LogisticRegression(in_features, classes),
+    "transformer": lambda in_features, classes: Transformer(vocab=classes,
+                                                            context=in_features),
 }
 
 
 #: Built-in models that take 1x28x28 images.
 IMAGE_MODELS = ("cnn", "resnet")
+
+#: Built-in models of byte-level text (gemq.training.text): a sample is ``in_features`` byte
+#: values, its target the next byte at each position, and ``num_classes`` the vocabulary,
+#: 256. build_model tells a text dataset by those 256 classes: the built-in image and
+#: tabular datasets have 10.
+TEXT_MODELS = ("transformer",)
 
 
 def build_model(spec: str, in_features: int, num_classes: int) -> nn.Module:
@@ -113,6 +125,9 @@ def build_model(spec: str, in_features: int, num_classes: int) -> nn.Module:
     if spec in IMAGE_MODELS and in_features != 784:
         raise SpecError(f"model {spec!r} needs 28x28 inputs; this dataset has {in_features} "
                         "features (try --model mlp)")
+    if spec in TEXT_MODELS and num_classes != text.VOCAB:
+        raise SpecError(f"model {spec!r} needs byte-level text (256 token values); this "
+                        f"dataset has {num_classes} classes (try --dataset pysource)")
     if spec in BUILTIN_MODELS:
         return BUILTIN_MODELS[spec](in_features, num_classes)
     if not is_import_spec(spec):
