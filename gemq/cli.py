@@ -339,8 +339,10 @@ def _resume(args: argparse.Namespace) -> RunSummary:
 
 def _print_summary(s: RunSummary) -> None:
     rejected = sum(s.rejected.values())
+    baseline = (f", unigram baseline {s.baseline_loss:.4f}" if s.baseline_loss is not None
+                else "")
     result = (f"test accuracy: {100 * s.test_accuracy:.1f}%"
-              if s.test_accuracy is not None else f"test loss: {s.test_loss:.4f}")
+              if s.test_accuracy is not None else f"test loss: {s.test_loss:.4f}{baseline}")
     state = "" if s.state == "finished" else f" (run {s.state})"
     print(f"{result} on {s.test_samples} held-out samples (train loss "
           f"{s.train_loss:.4f}){state}")

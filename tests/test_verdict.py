@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 from torch.utils.data import TensorDataset
 
 from gemq.records.verdict import poor_result
-from gemq.training.evaluate import majority_share
+from gemq.training.evaluate import frequency_loss, majority_share
 
 
 def test_a_good_run_has_no_problem() -> None:
@@ -34,3 +37,21 @@ def test_majority_share_counts_classes_across_batches() -> None:
     assert majority_share(data, batch_size=3) == 4 / 7
     regression = TensorDataset(torch.zeros(4, 3), torch.zeros(4, 1))
     assert majority_share(regression) is None
+
+
+def test_a_loss_no_better_than_the_target_frequencies_is_poor() -> None:
+    (problem,) = poor_result(800, {}, None, None, 2047, 3.4, 3.357)
+    assert problem.startswith("test loss 3.4000 is no better than the 3.3570 of the "
+                              "training targets' frequencies")
+    assert poor_result(800, {}, None, None, 2047, 2.65, 3.357) == ()
+    assert poor_result(800, {}, None, None, 2047, float("nan"), 3.357)  # NaN learnt nothing
+
+
+def test_frequency_loss_of_sequences_across_batches_by_hand() -> None:
+    # Training targets 0, 0, 0, 1 (and 3 classes): add-one counts 4, 2, 1 out of 7.
+    train = TensorDataset(torch.zeros(2, 2), torch.tensor([[0, 0], [0, 1]]))
+    test = TensorDataset(torch.zeros(1, 2), torch.tensor([[1, 2]]))
+    expected = -(math.log(2 / 7) + math.log(1 / 7)) / 2
+    assert frequency_loss(train, test, classes=3, batch_size=1) == pytest.approx(expected)
+    floats = TensorDataset(torch.zeros(2, 2), torch.zeros(2, 2))
+    assert frequency_loss(floats, floats) is None

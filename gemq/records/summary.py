@@ -69,6 +69,10 @@ class RunSummary:
     #: The Redis server's peak memory (``used_memory_peak``, summed over a cluster's
     #: masters), in MB: of this run alone on a private Redis.
     redis_peak_mb: float | None = None
+    #: For a model that is not a classifier but whose targets are class indices (a language
+    #: model's next bytes): the held-out loss of the training targets' frequencies, the
+    #: unigram baseline its test_loss must beat (gemq.training.evaluate.frequency_loss).
+    baseline_loss: float | None = None
 
     @property
     def metrics_path(self) -> Path:

@@ -63,7 +63,7 @@ from gemq.state.retention import release_if_ended
 from gemq.state.serverfit import BULK_LEN_SLACK, largest_value, memory_figures
 from gemq.state.store import ENDED, RunState, RunStore, now_ms
 from gemq.training.data import DataSplit, load_dataset
-from gemq.training.evaluate import evaluate, majority_share
+from gemq.training.evaluate import evaluate, frequency_loss, majority_share
 from gemq.training.losses import load_loss
 from gemq.training.models import build_model
 from gemq.training.specs import spec_of
@@ -460,10 +460,13 @@ def _finish(config: RunConfig, options: LocalOptions, data: DataSplit, model: nn
     summary["test_loss"], summary["test_accuracy"] = evaluate(model, data.test, loss=loss)
     summary["parameters"] = int(sum(p.numel() for p in model.parameters()))
     summary["test_samples"] = len(data.test)  # type: ignore[arg-type]
+    if summary["test_accuracy"] is None:  # judged by its loss: against the unigram's
+        summary["baseline_loss"] = frequency_loss(data.train, data.test, data.num_classes)
     if summary["state"] == RunState.FINISHED:  # a stopped or failed run says so already
         summary["problems"] = poor_result(
             summary["updates_applied"], summary["rejected"], summary["test_accuracy"],
-            majority_share(data.test), summary["test_samples"])
+            majority_share(data.test), summary["test_samples"], summary["test_loss"],
+            summary.get("baseline_loss"))
     summary["workers"] = options.workers
     summary["config"] = config
     wall = summary["wall_time_s"]

@@ -39,20 +39,48 @@ def evaluate(model: nn.Module, dataset: Dataset, batch_size: int = 1000,
 def majority_share(dataset: Dataset, batch_size: int = 1000) -> float | None:
     """The share of ``dataset``'s samples in its most common class: the accuracy of always
     answering that class. None where the targets are not class indices."""
+    counts = class_counts(dataset, batch_size, one_per_sample=True)
+    if counts is None:
+        return None
+    return float(counts.max()) / float(counts.sum())
+
+
+@torch.no_grad()
+def frequency_loss(train: Dataset, test: Dataset, classes: int = 0,
+                   batch_size: int = 1000) -> float | None:
+    """The cross-entropy, in nats per target, of the training targets' frequencies (add-one
+    smoothed over at least ``classes`` classes) on ``test``'s targets: the loss of a model
+    that ignores its input; for a language model, the unigram baseline. None where the
+    targets are not class indices (of any shape: one per sample, or one per position of a
+    sequence)."""
+    seen = class_counts(train, batch_size)
+    asked = class_counts(test, batch_size)
+    if seen is None or asked is None:
+        return None
+    size = max(len(seen), len(asked), classes)
+    seen = nn.functional.pad(seen, (0, size - len(seen))).double() + 1
+    asked = nn.functional.pad(asked, (0, size - len(asked))).double()
+    log_p = seen.log() - math.log(float(seen.sum()))
+    return float(-(asked * log_p).sum() / asked.sum())
+
+
+def class_counts(dataset: Dataset, batch_size: int = 1000,
+                 one_per_sample: bool = False) -> torch.Tensor | None:
+    """How many targets of ``dataset`` are each class, where the targets are class indices
+    (integers >= 0; ``one_per_sample``: one per sample only); otherwise None."""
     counts: torch.Tensor | None = None
     for _, y in DataLoader(dataset, batch_size=batch_size):
-        if not (y.dim() == 1 and not y.dtype.is_floating_point) or bool((y < 0).any()):
+        if (y.dtype.is_floating_point or y.dtype == torch.bool
+                or (one_per_sample and y.dim() != 1) or bool((y < 0).any())):
             return None
-        batch = torch.bincount(y)
+        batch = torch.bincount(y.reshape(-1))
         if counts is None:
             counts = batch
         else:
             size = max(len(counts), len(batch))
             counts = (nn.functional.pad(counts, (0, size - len(counts)))
                       + nn.functional.pad(batch, (0, size - len(batch))))
-    if counts is None:
-        return None
-    return float(counts.max()) / float(counts.sum())
+    return counts
 
 
 def class_hits(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor | None:

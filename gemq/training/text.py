@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import math
 import os
 import sysconfig
 import zlib
@@ -46,6 +45,7 @@ from torch.utils.data import TensorDataset
 
 from gemq.errors import SpecError
 from gemq.training.data import DataSplit
+from gemq.training.evaluate import frequency_loss
 
 #: Bytes of a sample's input (and of its target, shifted by one).
 CONTEXT = 64
@@ -163,15 +163,9 @@ def pysource() -> DataSplit:
 
 
 def unigram_loss(split: DataSplit) -> float:
-    """Cross-entropy in nats per byte of the training targets' byte frequencies, add-one
-    smoothed, on the held-out targets: what a model that ignores context reaches."""
-    train, test = (_targets(d) for d in (split.train, split.test))
-    counts = torch.bincount(train, minlength=split.num_classes).double() + 1
-    log_p = counts.log() - math.log(float(counts.sum()))
-    return float(-log_p[test].mean())
-
-
-def _targets(dataset: object) -> torch.Tensor:
-    if not isinstance(dataset, TensorDataset):
-        raise SpecError("unigram_loss needs TensorDatasets of (input, target) tokens")
-    return dataset.tensors[1].reshape(-1)
+    """Cross-entropy in nats per byte of the training bytes' frequencies, add-one smoothed,
+    on the held-out bytes: what a model that ignores context reaches."""
+    loss = frequency_loss(split.train, split.test, split.num_classes, batch_size=4096)
+    if loss is None:
+        raise SpecError("unigram_loss needs byte targets (integers from 0 to 255)")
+    return loss
