@@ -411,11 +411,15 @@ def test_lr_from_the_api_reaches_runconfig_through_make_config(
     with TestClient(app, base_url="http://127.0.0.1") as client:
         form = {s["name"]: s for s in client.get("/api/settings").json()["settings"]}
         assert list(form) == [s.name for s in USER_SETTINGS]
+        # The optimizer's unless given: "auto" (gemq.config.DEFAULT_LR).
         assert (form["lr"]["default"], form["lr"]["minimum"], form["lr"]["maximum"],
-                form["lr"]["exclusive_minimum"]) == (0.05, 0, 10, True)
+                form["lr"]["exclusive_minimum"], form["lr"]["auto"]) == ("auto", 0, 10, True,
+                                                                        True)
         schema = client.get("/openapi.json").json()["components"]["schemas"]["RunRequest"]
         lr = schema["properties"]["lr"]
-        assert (lr["default"], lr["exclusiveMinimum"], lr["maximum"]) == (0.05, 0, 10)
+        number, auto = lr["anyOf"]
+        assert (lr["default"], auto["const"]) == ("auto", "auto")
+        assert (number["exclusiveMinimum"], number["maximum"]) == (0, 10)
         with pytest.raises(_Walked):
             client.post("/api/runs", json={"lr": 0.123, "model": "logreg",
                                            "dataset": "digits"})

@@ -288,7 +288,8 @@ def test_the_summary_is_typed_and_its_json_unchanged(
         "aggregation_time_s", "metrics_rows", "redis", "wall_time_s", "train_loss",
         "train_accuracy", "test_loss", "test_accuracy", "parameters", "test_samples",
         "workers", "config", "updates_per_s", "model_path", "summary_path", "shards",
-        "workers_joined", "problems", "chosen_by_gemq", "redis_bound_mb", "redis_peak_mb"}
+        "workers_joined", "problems", "chosen_by_gemq", "redis_bound_mb", "redis_peak_mb",
+        "baseline_loss"}
     summary = RunSummary.from_dict(stored)
     assert isinstance(summary.config, RunConfig) and summary.config.budget_updates == 100
     assert summary.model_path == out / "run" / "model.pt"
