@@ -300,9 +300,13 @@ def _check_form_offers(page: Page, settings: list[dict[str, Any]]) -> None:
             assert _number(page.get_attribute(selector, "min")) == setting["minimum"]
             assert _number(page.get_attribute(selector, "max")) == setting["maximum"]
     lr = by_name["lr"]
+    # The learning rate follows the optimizer unless given: an empty box saying "auto".
     assert (lr["default"], lr["minimum"], lr["maximum"], lr["exclusive_minimum"]) == (
-        0.05, 0, 10, True)
-    assert page.input_value("#f-lr") == "0.05"
+        "auto", 0, 10, True)
+    assert (page.input_value("#f-lr"), page.get_attribute("#f-lr", "placeholder")) == (
+        "", "auto")
+    assert page.locator("#f-optimizer option").evaluate_all(
+        "options => options.map(o => o.value)") == ["momentum", "adam"]
     assert page.input_value("#f-wire_dtype") == "auto" and by_name["shards"]["default"] == "auto"
     assert [page.get_attribute("#f-lr", a) for a in ("min", "max", "step")] == ["0", "10", "any"]
     # Transport settings fold away; the form stays compact.

@@ -7,6 +7,7 @@ import json
 import math
 import re
 import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -252,3 +253,24 @@ def test_the_transformer_on_images_is_one_clear_error(
         "gemq: error: model 'transformer' needs byte-level text (256 token values); this "
         "dataset has 10 classes (try --dataset pysource)"]
     assert result.returncode == 1
+
+
+@pytest.mark.slow
+def test_gemq_run_trains_the_transformer_with_adam_and_states_the_unigram_baseline(
+        tmp_path: Path, split: DataSplit) -> None:
+    """The whole system (private Redis, worker processes, the aggregator's Adam rule) on
+    the text workload; the summary carries the unigram baseline beside the test loss."""
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "gemq", "run", "--model", "transformer", "--dataset", "pysource",
+         "--optimizer",
+         "adam", "--workers", "2", "--batch-size", "16", "--steps", "60", "--no-progress",
+         "--accept-poor-result", "--out", str(out)],
+        capture_output=True, text=True, timeout=240, check=False, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["updates_applied"] == 60 and summary["test_accuracy"] is None
+    assert summary["baseline_loss"] == pytest.approx(text.unigram_loss(split), rel=1e-6)
+    assert math.isfinite(summary["test_loss"]) and summary["test_loss"] < math.log(256)
+    assert (f"test loss: {summary['test_loss']:.4f}, unigram baseline "
+            f"{summary['baseline_loss']:.4f}") in done.stdout
