@@ -53,6 +53,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from benchmarks.paper_plan import Variant as Rule  # noqa: E402
 from gemq.config import DEFAULT_LR, RunConfig  # noqa: E402
 from gemq.sim.engine import simulate  # noqa: E402
 from gemq.sim.options import SimOptions  # noqa: E402
@@ -71,18 +72,10 @@ def small_transformer() -> Transformer:
     return Transformer(vocab=256, context=64, d_model=64, layers=2, heads=4)
 
 
-@dataclass(frozen=True)
-class Rule:
-    label: str
-    algo: str = "gem"
-    optimizer: str = "adam"
-    reference: bool = False
-
-
-SYNC_ADAM = Rule("synchronous Adam (proxy)", "downpour", reference=True)
-ASYNC_ADAM = Rule("asynchronous Adam", "downpour")
-GEM_ADAM = Rule("GEM, Adam proxy")
-GEM_MOMENTUM = Rule("GEM, momentum proxy", optimizer="momentum")
+SYNC_ADAM = Rule("synchronous Adam (proxy)", "downpour", reference=True, optimizer="adam")
+ASYNC_ADAM = Rule("asynchronous Adam", "downpour", optimizer="adam")
+GEM_ADAM = Rule("GEM, Adam proxy", optimizer="adam")
+GEM_MOMENTUM = Rule("GEM, momentum proxy")
 RULES = (SYNC_ADAM, ASYNC_ADAM, GEM_ADAM, GEM_MOMENTUM)
 COLORS = {SYNC_ADAM: "black", ASYNC_ADAM: "tab:red", GEM_ADAM: "tab:blue",
           GEM_MOMENTUM: "tab:green"}

@@ -12,8 +12,10 @@ class Variant:
     label: str
     algo: str = "gem"
     proxy: str = "local"
-    #: The momentum-SGD proxy itself (one synchronous worker), not an asynchronous rule.
+    #: The proxy itself (one synchronous worker), not an asynchronous rule.
     reference: bool = False
+    #: The proxy's optimizer (benchmarks/adam.py compares Adam's rules).
+    optimizer: str = "momentum"
 
 
 GEM = Variant("GEM")
