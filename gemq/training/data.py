@@ -17,7 +17,6 @@ import functools
 import gzip
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,18 +24,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from gemq.errors import SpecError
+from gemq.training.datasplit import DataSplit
 from gemq.training.specs import call_factory, is_import_spec
 
 SPLIT_SEED = 20180522  # the fixed seed of the built-in train/test splits
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
-
-
-@dataclass(frozen=True)
-class DataSplit:
-    train: Dataset
-    test: Dataset
-    in_features: int
-    num_classes: int
 
 
 def load_dataset(spec: str) -> DataSplit:

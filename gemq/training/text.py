@@ -44,7 +44,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from gemq.errors import SpecError
-from gemq.training.data import DataSplit
+from gemq.training.datasplit import DataSplit
 from gemq.training.evaluate import frequency_loss
 
 #: Bytes of a sample's input (and of its target, shifted by one).

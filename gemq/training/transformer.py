@@ -1,13 +1,11 @@
 """A small decoder-only transformer for byte-level text (``--model transformer``).
 
 GPT-2's shape at a size a few CPU cores can train: token and learned position embeddings,
-``layers`` pre-LayerNorm blocks of causal multi-head self-attention and a 4x GELU MLP, a
-final LayerNorm and a linear head to the vocabulary. The default size (vocabulary 256,
-context 64, d_model 256, 2 layers, 4 heads) has 1,727,744 parameters: the largest
-measured whose default gemq run (4 workers, momentum-SGD proxy, 10 epochs of ``pysource``)
-ends in about 5 minutes on 2 CPU cores well below the unigram baseline. A step (forward and
-backward, batch 64, one thread) takes about half a second there; deeper or wider models
-(2.6M, 3.3M parameters) got too few updates in that time to get clearly below it.
+``layers`` pre-LayerNorm blocks of causal multi-head self-attention and a GELU MLP four
+times as wide, a final LayerNorm and a linear head to the vocabulary. The default size
+(vocabulary 256, context 64, d_model 256, 2 layers, 4 heads) has 1,727,744 parameters,
+chosen as the largest whose default ``gemq run`` on ``pysource`` ends well below the
+unigram baseline on a 2-core machine in minutes (docs/performance.md, "The text workload").
 """
 
 from __future__ import annotations
@@ -38,7 +36,8 @@ class CausalSelfAttention(nn.Module):
 
 
 class Block(nn.Module):
-    """x + attention(LayerNorm(x)), then x + MLP(LayerNorm(x)), the MLP 4x wide with GELU."""
+    """x + attention(LayerNorm(x)), then x + MLP(LayerNorm(x)), the MLP four times as wide
+    as the model, with GELU."""
 
     def __init__(self, d_model: int, heads: int) -> None:
         super().__init__()
